@@ -32,25 +32,29 @@ def is_interpreter() -> bool:
 
 
 @functools.cache
-def install_interpreter_bf16_dot_fix() -> bool:
-    """Make `tl.dot` on bf16 operands correct under Triton's CPU interpreter; returns True if installed.
+def install_interpreter_bf16_fix() -> bool:
+    """Make bf16 arithmetic under Triton's CPU interpreter match the GPU; returns True once installed.
 
-    The interpreter stores bf16 tensors as their raw uint16 bit patterns and `create_dot` hands them to
-    `np.matmul` unchanged, so a bf16 dot multiplies integers (triton-lang/triton issue 11584; still present in
-    Triton 3.9). We widen bf16 operands to fp32 (a 16-bit left shift of the bit pattern is exact) before the
-    original `create_dot` runs. Only the interpreter's builder is touched, and only for bf16 operands; compiled
-    GPU kernels never see this code. Called lazily by the launchers when `TRITON_INTERPRET=1`.
+    Two interpreter defects (triton-lang/triton issue 11584; both still present in Triton 3.9):
+    - it stores bf16 tensors as their raw uint16 bit patterns and `create_dot` hands them to `np.matmul`
+      unchanged, so a bf16 `tl.dot` multiplies integers. We widen bf16 operands to fp32 first (a 16-bit left
+      shift of the bit pattern, exact).
+    - its fp32 -> bf16 cast truncates the mantissa, where the GPU rounds to nearest even; truncation biases every
+      rounded P and every stored output (o's error ratio against the fp32 oracle doubled, 1.9e-3 -> 3.9e-3).
+      We round to nearest even, as `torch.Tensor.to(torch.bfloat16)` does.
+    Only the interpreter's builder is patched, only for bf16; compiled GPU kernels never run this code. The
+    launchers call this when `TRITON_INTERPRET=1`; `tests/test_utils.py` shows each fix is needed.
     """
     try:
         import numpy as np
         import triton.language as tl
         from triton.runtime import interpreter
-    except ImportError:  # pragma: no cover - triton without the interpreter module
+    except ImportError:  # pragma: no cover - a triton without the interpreter module
         return False
-    builder_cls = interpreter.InterpreterBuilder
-    original = builder_cls.create_dot
-    if getattr(original, "_fla_bwd_bf16_fix", False):
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "_fla_bwd_fix", False):
         return True
+    original_dot, original_cast = builder.create_dot, builder.cast_impl
 
     def widen(handle):
         if handle.dtype.scalar != tl.bfloat16:
@@ -59,9 +63,18 @@ def install_interpreter_bf16_dot_fix() -> bool:
         return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+        return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
-    create_dot._fla_bwd_bf16_fix = True
-    create_dot._fla_bwd_original = original
-    builder_cls.create_dot = create_dot
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            nan = np.isnan(src.data)
+            rounded[nan] = 0x7FC0
+            return interpreter.TensorHandle(rounded, tl.bfloat16)
+        return original_cast(self, src, dst_type)
+
+    create_dot._fla_bwd_fix = True
+    builder.create_dot, builder.cast_impl = create_dot, cast_impl
+    builder._fla_bwd_originals = (original_dot, original_cast)
     return True

@@ -1,0 +1,224 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Triton building blocks shared by the attention kernels in `parallel.py`.
+
+Conventions (FLA's): `i_` program or loop index, `o_` offsets, `m_` masks, `p_` pointers, `b_` on-chip blocks.
+Positions (`o_t`, `o_s`, `i_t`, `i_s`) are int32 token positions inside one sequence; every address is built from
+an int64 base pointer (`*_base`, already moved to the sequence start and head) plus `position * stride` computed
+in int64, so no address overflows when a tensor passes 2**31 elements.
+
+Scores are kept in base-2 units: `qk_scale = scale * log2(e)` and the gate terms are multiplied by log2(e), so
+the softmax uses `exp2`; the saved log-sum-exp `lse` is in the same base-2 units.
+
+Every loop over key (forward, dQ) or query (dK/dV) blocks is split in three ranges by the `*_ranges` helpers:
+blocks that need the window mask, blocks every row sees whole (no mask at all), and the causal diagonal. The block
+bodies below are called once per range with `MASK` as a compile-time flag, so the unmasked bulk pays no masking.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634
+
+
+@triton.jit
+def program_ids(NUM_HEADS):
+    """Split the flat 1-D grid into (head program, tile). Heads vary fastest, so the first wave of programs holds
+    every head of the first tiles; the launchers order tiles longest-first for causal work."""
+    i_p = tl.program_id(0)
+    return i_p % NUM_HEADS, i_p // NUM_HEADS
+
+
+@triton.jit
+def sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN: tl.constexpr):
+    """Map (batch, tile) to (tile index inside its sequence, int64 first token, sequence length)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        T = (eos - bos).to(tl.int32)
+    else:
+        bos = i_b.to(tl.int64) * T
+    return i_t, bos, T
+
+
+@triton.jit
+def key_ranges(t0, T, W, BT: tl.constexpr, BS: tl.constexpr):
+    """Key blocks for the query tile [t0, t0 + BT): [lo, mid) need the window mask, [mid, t0) are fully visible to
+    every row, [t0, end) is the causal diagonal. Query i sees keys [i - W + 1, i]."""
+    lo = tl.maximum(t0 - W + 1, 0) // BS * BS
+    full = tl.cdiv(tl.maximum(t0 + BT - W, 0), BS) * BS
+    mid = tl.maximum(lo, tl.minimum(full, t0))
+    end = tl.minimum(t0 + BT, T)
+    return lo, mid, end
+
+
+@triton.jit
+def query_ranges(s0, T, W, BT: tl.constexpr, BS: tl.constexpr):
+    """Query blocks for the key tile [s0, s0 + BT): [s0, diag) is the causal diagonal, [diag, hi) see every key of
+    the tile, [hi, end) need the window mask. Key j is seen by queries [j, j + W - 1]."""
+    diag = tl.minimum(s0 + BT, T)
+    end = tl.minimum(s0 + BT + W - 1, T)
+    hi = tl.maximum(diag, tl.minimum((s0 + W) // BS * BS, end))
+    return diag, hi, end
+
+
+@triton.jit
+def visible(o_a, o_b, W, KEYS_FIRST: tl.constexpr = False):
+    """Causal sliding-window mask: [len(o_a), len(o_b)] with o_a the query positions and o_b the key positions, or
+    with KEYS_FIRST the transposed layout (o_a keys, o_b queries)."""
+    if KEYS_FIRST:
+        d = o_b[None, :] - o_a[:, None]
+    else:
+        d = o_a[:, None] - o_b[None, :]
+    return (d >= 0) & (d < W)
+
+
+@triton.jit
+def fwd_block(
+    b_q, b_o, b_m, b_l, b_gq, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
+    stride_k, stride_v,
+    K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """One key block of the online softmax: fold keys [i_s, i_s + BS) into (b_o, b_m, b_l)."""
+    o_s = i_s + tl.arange(0, BS)
+    m_s = o_s < T
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    # [BK, BS]
+    b_kt = tl.load(k_base + o_s[None, :].to(tl.int64) * stride_k + o_k[:, None],
+                   mask=m_s[None, :] & (o_k[:, None] < K), other=0)
+    # [BS, BV]
+    b_v = tl.load(v_base + o_s[:, None].to(tl.int64) * stride_v + o_v[None, :],
+                  mask=m_s[:, None] & (o_v[None, :] < V), other=0)
+    # [BT, BS]
+    b_s = tl.dot(b_q, b_kt, input_precision=DOT_PREC) * qk_scale
+    if USE_G:
+        b_gk = tl.load(gk_base + o_s, mask=m_s, other=0)
+        b_s += (b_gq[:, None] - b_gk[None, :]) * LOG2E
+    if MASK:
+        b_s = tl.where(visible(o_t, o_s, W), b_s, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    # A row with nothing visible yet keeps m = -inf; subtracting 0 instead keeps exp2 at 0 rather than NaN.
+    b_m_ref = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_p = tl.exp2(b_s - b_m_ref[:, None])
+    b_alpha = tl.exp2(b_m - b_m_ref)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_o = b_o * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+    return b_o, b_m_new, b_l
+
+
+@triton.jit
+def dq_block(
+    b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
+    stride_k, stride_v,
+    K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    REFINE_DELTA: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
+):
+    """dQ contribution of keys [i_s, i_s + BS): dq += dS @ K, dS = P * (dO @ V^T - delta). Unscaled.
+    With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see the dQ kernel)."""
+    o_s = i_s + tl.arange(0, BS)
+    m_s = o_s < T
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    # [BS, BK]
+    b_k = tl.load(k_base + o_s[:, None].to(tl.int64) * stride_k + o_k[None, :],
+                  mask=m_s[:, None] & (o_k[None, :] < K), other=0)
+    # [BS, BV]
+    b_v = tl.load(v_base + o_s[:, None].to(tl.int64) * stride_v + o_v[None, :],
+                  mask=m_s[:, None] & (o_v[None, :] < V), other=0)
+    # [BT, BS]
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
+    if USE_G:
+        b_gk = tl.load(gk_base + o_s, mask=m_s, other=0)
+        b_s += (b_gq[:, None] - b_gk[None, :]) * LOG2E
+    b_p = tl.exp2(b_s - b_lse[:, None])
+    if MASK:
+        b_p = tl.where(visible(o_t, o_s, W), b_p, 0)
+    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+    b_ds = b_p * (b_dp - b_delta[:, None])
+    if REFINE_DELTA:
+        b_pdp += tl.sum(b_p * b_dp, 1)
+    return b_dq + tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC), b_pdp
+
+
+@triton.jit
+def dkv_block(
+    b_k, b_v, b_dk, b_dv, b_dgk, b_gk, q_base, do_base, lse_base, delta_base, gq_base, o_s, i_t, T, W, qk_scale,
+    stride_q, stride_do,
+    K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """dK/dV contribution of queries [i_t, i_t + BS) to the key tile o_s, in transposed ([keys, queries]) form.
+    Rows past the sequence end load lse = +inf, so their P is exactly 0 without a mask."""
+    o_t = i_t + tl.arange(0, BS)
+    m_t = o_t < T
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    # [BS, BK]
+    b_q = tl.load(q_base + o_t[:, None].to(tl.int64) * stride_q + o_k[None, :],
+                  mask=m_t[:, None] & (o_k[None, :] < K), other=0)
+    # [BS, BV]
+    b_do = tl.load(do_base + o_t[:, None].to(tl.int64) * stride_do + o_v[None, :],
+                   mask=m_t[:, None] & (o_v[None, :] < V), other=0)
+    b_lse = tl.load(lse_base + o_t, mask=m_t, other=float("inf"))
+    b_delta = tl.load(delta_base + o_t, mask=m_t, other=0)
+    # [BT, BS]
+    b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC) * qk_scale
+    if USE_G:
+        b_gq = tl.load(gq_base + o_t, mask=m_t, other=0)
+        b_st += (b_gq[None, :] - b_gk[:, None]) * LOG2E
+    b_pt = tl.exp2(b_st - b_lse[None, :])
+    if MASK:
+        b_pt = tl.where(visible(o_s, o_t, W, KEYS_FIRST=True), b_pt, 0)
+    b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=DOT_PREC)
+    b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PREC)
+    b_dst = b_pt * (b_dpt - b_delta[None, :])
+    b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
+    if USE_G:
+        b_dgk += tl.sum(b_dst, 1)
+    return b_dk, b_dv, b_dgk
+
+
+@triton.jit
+def dkv_one_head(
+    b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dg_base, b_sink, dsink_ptr, s0,
+    T, W, qk_scale, stride_q, stride_do,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, write that head's gate
+    gradient dG for the tile's tokens; with a sink, write the tile's share of dsink = -sum_j p_sink_j * delta_j
+    (one partial per tile, summed on the host in a fixed order, so dsink is deterministic).
+
+    dG_j = sum_i dS_ji (j as a query) - sum_i dS_ij (j as a key). The query-side sum has the closed form
+    delta_j * p_sink_j (0 without a sink): shifting a whole softmax row by G_j changes only the sink's share.
+    Summing the rounded dS terms instead gives noise that the reverse cumsum of dg then spreads along the sequence.
+    """
+    o_s = s0 + tl.arange(0, BT)
+    m_s = o_s < T
+    # [BT]
+    b_dgk = tl.zeros([BT], dtype=tl.float32)
+    diag, hi, end = query_ranges(s0, T, W, BT, BS)
+    for i_t in range(s0, diag, BS):
+        b_dk, b_dv, b_dgk = dkv_block(
+            b_k, b_v, b_dk, b_dv, b_dgk, b_gk, q_base, do_base, lse_base, delta_base, gq_base, o_s, i_t, T, W,
+            qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+    for i_t in range(diag, hi, BS):
+        b_dk, b_dv, b_dgk = dkv_block(
+            b_k, b_v, b_dk, b_dv, b_dgk, b_gk, q_base, do_base, lse_base, delta_base, gq_base, o_s, i_t, T, W,
+            qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, False, DOT_PREC)
+    for i_t in range(hi, end, BS):
+        b_dk, b_dv, b_dgk = dkv_block(
+            b_k, b_v, b_dk, b_dv, b_dgk, b_gk, q_base, do_base, lse_base, delta_base, gq_base, o_s, i_t, T, W,
+            qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+    b_dg_query = tl.zeros([BT], dtype=tl.float32)
+    if USE_SINK:
+        b_lse = tl.load(lse_base + o_s, mask=m_s, other=float("inf"))
+        b_delta = tl.load(delta_base + o_s, mask=m_s, other=0)
+        b_dg_query = b_delta * tl.exp2(b_sink - b_lse)
+        tl.store(dsink_ptr, -tl.sum(b_dg_query, 0))
+    if USE_G:
+        tl.store(dg_base + o_s, b_dg_query - b_dgk, mask=m_s)
+    return b_dk, b_dv

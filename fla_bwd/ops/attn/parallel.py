@@ -1,0 +1,534 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Causal softmax attention in Triton: forward, dQ, and two dK/dV kernels (query-head-owned and KV-head-owned).
+
+Layers, top to bottom: kernels; host launchers; the dK/dV dispatch; the autograd Function; `parallel_attn`.
+
+Layouts. Inputs are token-major, `[B, T, heads, dim]`. Per-(head, token) fp32 side tensors (log-sum-exp, delta,
+the gate's cumulative sum G and its gradient dG) are head-major, `[HQ, B * T]`, so a tile of tokens of one head is
+one contiguous load. A packed batch (`cu_seqlens`) has B == 1; every kernel maps its tile to (sequence start
+`bos`, sequence length `T`) once, in `sequence_bounds`, and then addresses through int64 base pointers.
+"""
+
+import contextlib
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from fla_bwd.ops.attn.inner import (
+    LOG2E,
+    dkv_one_head,
+    dq_block,
+    fwd_block,
+    key_ranges,
+    program_ids,
+    sequence_bounds,
+)
+from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
+from fla_bwd.ops.utils.cumsum import gate_cumsum, gate_grad
+from fla_bwd.ops.utils.index import chunk_indices
+from fla_bwd.utils import empty, install_interpreter_bf16_fix, is_interpreter
+
+_HEURISTICS = {
+    "USE_G": lambda args: args["g_cumsum"] is not None,
+    "USE_SINK": lambda args: args["sink_bias"] is not None,
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------------------
+
+@triton.heuristics(_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+def parallel_attn_fwd_kernel(
+    q, k, v, o, lse, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """o and the base-2 log-sum-exp (sink included) for one query tile of one query head."""
+    tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
+    i_bh, i_t = program_ids(B * HQ)
+    # Causal tiles late in the sequence do the most work: launch them first.
+    i_t = tl.num_programs(0) // (B * HQ) - 1 - i_t
+    i_b, i_hq = i_bh // HQ, i_bh % HQ
+    i_h = i_hq // G
+    i_t, bos, T = sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    t0 = i_t * BT
+    o_t = t0 + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    q_base = q + (bos * HQ + i_hq) * K
+    k_base = k + (bos * H + i_h) * K
+    v_base = v + (bos * H + i_h) * V
+    g_base = g_cumsum
+    if USE_G:
+        g_base = g_cumsum + i_hq.to(tl.int64) * NTOK + bos
+    # [BT, BK]
+    b_q = tl.load(q_base + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :],
+                  mask=m_t[:, None] & (o_k[None, :] < K), other=0)
+    b_gq = 0.0
+    if USE_G:
+        b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
+    qk_scale = scale * LOG2E
+    # [BT, BV]
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BT], dtype=tl.float32)
+    lo, mid, end = key_ranges(t0, T, W, BT, BS)
+    for i_s in range(lo, mid, BS):
+        b_o, b_m, b_l = fwd_block(b_q, b_o, b_m, b_l, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+                                  H * K, H * V, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+    for i_s in range(mid, t0, BS):
+        b_o, b_m, b_l = fwd_block(b_q, b_o, b_m, b_l, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+                                  H * K, H * V, K, V, BS, BK, BV, USE_G, False, DOT_PREC)
+    for i_s in range(t0, end, BS):
+        b_o, b_m, b_l = fwd_block(b_q, b_o, b_m, b_l, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+                                  H * K, H * V, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+    if USE_SINK:
+        # The sink is one more logit in the denominator: fold exp(sink) into l at a common maximum.
+        b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
+        b_m_new = tl.maximum(b_m, b_sink)
+        b_alpha = tl.exp2(b_m - b_m_new)
+        b_l = b_l * b_alpha + tl.exp2(b_sink - b_m_new)
+        b_o = b_o * b_alpha[:, None]
+        b_m = b_m_new
+    b_o = b_o / b_l[:, None]
+    tl.store(o + (bos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :],
+             b_o.to(o.dtype.element_ty), mask=m_t[:, None] & (o_v[None, :] < V))
+    tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
+
+
+@triton.jit(do_not_specialize=["NTOK"])
+def parallel_attn_bwd_kernel_preprocess(
+    o, do, delta, NTOK, HQ: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+):
+    """delta = rowsum(o * do) per (head, token), over the flat token axis (packing needs no special case)."""
+    i_hq, i_t = program_ids(HQ)
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < NTOK
+    o_v = tl.arange(0, BV)
+    m = m_t[:, None] & (o_v[None, :] < V)
+    p = (o_t[:, None].to(tl.int64) * HQ + i_hq) * V + o_v[None, :]
+    # [BT, BV]
+    b_o = tl.load(o + p, mask=m, other=0).to(tl.float32)
+    b_do = tl.load(do + p, mask=m, other=0).to(tl.float32)
+    tl.store(delta + i_hq.to(tl.int64) * NTOK + o_t, tl.sum(b_o * b_do, 1), mask=m_t)
+
+
+@triton.heuristics({n: _HEURISTICS[n] for n in ("USE_G", "IS_VARLEN")})
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+def parallel_attn_bwd_kernel_dq(
+    q, k, v, do, dq, lse, delta, g_cumsum, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """dQ for one query tile of one query head, over the same key ranges as the forward. With REFINE_DELTA it
+    also replaces delta by rowsum(P * dP) for the dK/dV kernel that runs next (see the end of this kernel)."""
+    tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
+    i_bh, i_t = program_ids(B * HQ)
+    i_t = tl.num_programs(0) // (B * HQ) - 1 - i_t
+    i_b, i_hq = i_bh // HQ, i_bh % HQ
+    i_h = i_hq // G
+    i_t, bos, T = sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    t0 = i_t * BT
+    o_t = t0 + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    k_base = k + (bos * H + i_h) * K
+    v_base = v + (bos * H + i_h) * V
+    row_base = i_hq.to(tl.int64) * NTOK + bos
+    g_base = g_cumsum
+    if USE_G:
+        g_base = g_cumsum + row_base
+    p_q = (bos * HQ + i_hq) * K + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :]
+    m_q = m_t[:, None] & (o_k[None, :] < K)
+    # [BT, BK]
+    b_q = tl.load(q + p_q, mask=m_q, other=0)
+    # [BT, BV]
+    b_do = tl.load(do + (bos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :],
+                   mask=m_t[:, None] & (o_v[None, :] < V), other=0)
+    b_lse = tl.load(lse + row_base + o_t, mask=m_t, other=0)
+    b_delta = tl.load(delta + row_base + o_t, mask=m_t, other=0)
+    b_gq = 0.0
+    if USE_G:
+        b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
+    qk_scale = scale * LOG2E
+    # [BT, BK]
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_pdp = tl.zeros([BT], dtype=tl.float32)
+    lo, mid, end = key_ranges(t0, T, W, BT, BS)
+    for i_s in range(lo, mid, BS):
+        b_dq, b_pdp = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+            H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G)
+    for i_s in range(mid, t0, BS):
+        b_dq, b_pdp = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+            H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, False, DOT_PREC, USE_G)
+    for i_s in range(t0, end, BS):
+        b_dq, b_pdp = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+            H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G)
+    tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
+    if REFINE_DELTA:
+        # delta = rowsum(o * dO) carries o's rounding to the input dtype (relative error ~1e-3 in bf16), and the
+        # gate gradient is a reverse cumsum of differences of dS sums, which turns that error into a random walk
+        # along the sequence (bf16 dg error ratio 2.9e-2 against the oracle at T = 100). rowsum(P * dP) is the
+        # same quantity from fp32 terms; this program owns these rows, so it overwrites delta in place for the
+        # dK/dV kernel, which runs next and computes the key side of dG (and dK, and dsink) from it. With this,
+        # that ratio is 2e-6 and dk's improves too (3.7e-3 -> 2.6e-3).
+        tl.store(delta + row_base + o_t, b_pdp, mask=m_t)
+
+
+@triton.jit
+def _load_kv_tile(k, v, bos, i_h, o_s, m_s, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr):
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    # [BT, BK], [BT, BV]
+    b_k = tl.load(k + (bos * H + i_h) * K + o_s[:, None].to(tl.int64) * (H * K) + o_k[None, :],
+                  mask=m_s[:, None] & (o_k[None, :] < K), other=0)
+    b_v = tl.load(v + (bos * H + i_h) * V + o_s[:, None].to(tl.int64) * (H * V) + o_v[None, :],
+                  mask=m_s[:, None] & (o_v[None, :] < V), other=0)
+    return b_k, b_v
+
+
+@triton.jit
+def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Store a dK/dV tile into `[B, T, NH, K]` / `[B, T, NH, V]` buffers, casting once to the buffer's dtype."""
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    tl.store(dk + (bos * NH + i_head) * K + o_s[:, None].to(tl.int64) * (NH * K) + o_k[None, :],
+             b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & (o_k[None, :] < K))
+    tl.store(dv + (bos * NH + i_head) * V + o_s[:, None].to(tl.int64) * (NH * V) + o_v[None, :],
+             b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & (o_v[None, :] < V))
+
+
+@triton.jit
+def _dkv_head(
+    q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_hq, i_slot, NUM_SLOTS, bos,
+    s0, T, W, NTOK, qk_scale,
+    HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Bases of query head i_hq, then its contribution to the key tile (see `dkv_one_head`). i_slot indexes the
+    tile's dsink partial among NUM_SLOTS."""
+    row_base = i_hq.to(tl.int64) * NTOK + bos
+    g_base, dg_base, dsink_ptr, b_gk, b_sink = g_cumsum, dG, dsink_partial, 0.0, 0.0
+    if USE_G:
+        g_base, dg_base = g_cumsum + row_base, dG + row_base
+        o_s = s0 + tl.arange(0, BT)
+        b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
+    if USE_SINK:
+        dsink_ptr = dsink_partial + i_hq.to(tl.int64) * NUM_SLOTS + i_slot
+        b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
+    return dkv_one_head(
+        b_k, b_v, b_dk, b_dv, b_gk, q + (bos * HQ + i_hq) * K, do + (bos * HQ + i_hq) * V, lse + row_base,
+        delta + row_base, g_base, dg_base, b_sink, dsink_ptr, s0, T, W, qk_scale, HQ * K, HQ * V,
+        K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
+
+
+@triton.heuristics(_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+def parallel_attn_bwd_kernel_dkv_per_query_head(
+    q, k, v, do, dk, dv, dG, dsink_partial, lse, delta, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W,
+    NTOK, B,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Legacy dK/dV: one program per (key tile, query head). Writes `[B, T, HQ, *]` buffers (fp32 when G > 1;
+    the host then sums each group of G heads)."""
+    tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
+    i_bh, i_tile = program_ids(B * HQ)
+    num_tiles = tl.num_programs(0) // (B * HQ)
+    i_b, i_hq = i_bh // HQ, i_bh % HQ
+    i_h = i_hq // G
+    i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    s0 = i_t * BT
+    o_s = s0 + tl.arange(0, BT)
+    m_s = o_s < T
+    b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H, K, V, BK, BV)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    b_dk, b_dv = _dkv_head(
+        q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_hq,
+        i_b * num_tiles + i_tile, B * num_tiles, bos, s0, T, W, NTOK, scale * LOG2E,
+        HQ, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
+    _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_hq, o_s, m_s, HQ, K, V, BK, BV)
+
+
+@triton.heuristics(_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+def parallel_attn_bwd_kernel_dkv_per_kv_head(
+    q, k, v, do, dk, dv, dG, dsink_partial, lse, delta, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W,
+    NTOK, B,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
+    loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
+    dtype: no HQ-shaped scratch, no reduction kernel, no atomics (so it is deterministic)."""
+    tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
+    i_bh, i_tile = program_ids(B * H)
+    num_tiles = tl.num_programs(0) // (B * H)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    s0 = i_t * BT
+    o_s = s0 + tl.arange(0, BT)
+    m_s = o_s < T
+    b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H, K, V, BK, BV)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_g in range(G):
+        b_dk, b_dv = _dkv_head(
+            q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_h * G + i_g,
+            i_b * num_tiles + i_tile, B * num_tiles, bos, s0, T, W, NTOK, scale * LOG2E,
+            HQ, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
+    _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_h, o_s, m_s, H, K, V, BK, BV)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host launchers
+# ----------------------------------------------------------------------------------------------------------------
+
+def _config(kernel: str, D: int) -> dict:
+    """Tile sizes and launch shape per kernel. Under the CPU interpreter small tiles make the tests' short sequences
+    cross every range (window, unmasked, diagonal) of the loops; on the GPU see PERF.md for the measurements."""
+    if is_interpreter():
+        return dict(BT=32, BS=16, num_warps=4, num_stages=1)
+    large = D > 128
+    return {
+        "fwd": dict(BT=64 if large else 128, BS=32 if large else 64, num_warps=8, num_stages=2),
+        "dq": dict(BT=64, BS=32 if large else 64, num_warps=8 if large else 4, num_stages=2),
+        "dkv": dict(BT=64, BS=32 if large else 64, num_warps=8 if large else 4, num_stages=2),
+    }[kernel]
+
+
+def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
+    B, T, HQ, K = q.shape
+    H, V = k.shape[2], v.shape[3]
+    return dict(HQ=HQ, H=H, G=HQ // H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)),
+                BV=max(16, triton.next_power_of_2(V)),
+                DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32")
+
+
+def _tiles(B: int, T: int, cu_seqlens: Optional[torch.Tensor], BT: int):
+    """(number of tiles per head program, chunk_indices or None)."""
+    if cu_seqlens is None:
+        return triton.cdiv(T, BT), None
+    indices = chunk_indices(cu_seqlens, BT)
+    return indices.shape[0], indices
+
+
+def attn_fwd(q, k, v, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens):
+    """Returns o `[B, T, HQ, V]` (q's dtype) and the base-2 log-sum-exp `[HQ, B * T]` (fp32)."""
+    B, T, HQ, _ = q.shape
+    dims = _dims(q, k, v)
+    cfg = _config("fwd", max(dims["K"], dims["V"]))
+    o = empty(B, T, HQ, dims["V"], dtype=q.dtype, device=q.device)
+    lse = empty(HQ, B * T, dtype=torch.float32, device=q.device)
+    NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
+    if NT > 0:
+        parallel_attn_fwd_kernel[(NT * B * HQ,)](
+            q=q, k=k, v=v, o=o, lse=lse, g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens,
+            chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg,
+        )
+    return o, lse
+
+
+def attn_bwd_preprocess(o, do):
+    """delta = rowsum(o * do), `[HQ, B * T]` fp32."""
+    B, T, HQ, V = o.shape
+    BT = 32 if is_interpreter() else 64
+    NB = triton.cdiv(B * T, BT)
+    delta = empty(HQ, B * T, dtype=torch.float32, device=o.device)
+    if NB > 0:
+        parallel_attn_bwd_kernel_preprocess[(NB * HQ,)](
+            o=o, do=do, delta=delta, NTOK=B * T, HQ=HQ, V=V, BT=BT, BV=max(16, triton.next_power_of_2(V)),
+        )
+    return delta
+
+
+def attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, scale: float, W: int, cu_seqlens, refine_delta: bool):
+    """dq in q's dtype; with `refine_delta`, delta is overwritten by the fp32 rowsum(P * dP)."""
+    B, T, HQ, _ = q.shape
+    dims = _dims(q, k, v)
+    cfg = _config("dq", max(dims["K"], dims["V"]))
+    dq = empty(*q.shape, dtype=q.dtype, device=q.device)
+    NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
+    if NT > 0:
+        parallel_attn_bwd_kernel_dq[(NT * B * HQ,)](
+            q=q, k=k, v=v, do=do, dq=dq, lse=lse, delta=delta, g_cumsum=g_cumsum, cu_seqlens=cu_seqlens,
+            chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, REFINE_DELTA=refine_delta, **dims, **cfg,
+        )
+    return dq
+
+
+def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens, path: str):
+    """dk, dv in the inputs' dtypes; dG `[HQ, B * T]` fp32, the gradient w.r.t. the gate's cumsum (None without a
+    gate); dsink `[HQ]` fp32 (None without a sink). `path` is "gqa" (KV-head-owned kernel) or "legacy"
+    (query-head-owned kernel + group sum)."""
+    B, T, HQ, K = q.shape
+    dims = _dims(q, k, v)
+    H, G, V = dims["H"], dims["G"], dims["V"]
+    cfg = _config("dkv", max(K, V))
+    dG = empty(HQ, B * T, dtype=torch.float32, device=q.device) if g_cumsum is not None else None
+    if path == "gqa":
+        kernel, heads, NH, acc_dtype = parallel_attn_bwd_kernel_dkv_per_kv_head, B * H, H, q.dtype
+    else:
+        # The legacy kernel writes one dK/dV per query head; with G > 1 they are summed in fp32 below.
+        kernel, heads, NH = parallel_attn_bwd_kernel_dkv_per_query_head, B * HQ, HQ
+        acc_dtype = q.dtype if G == 1 else torch.float32
+    dk = empty(B, T, NH, K, dtype=acc_dtype, device=q.device)
+    dv = empty(B, T, NH, V, dtype=acc_dtype, device=q.device)
+    NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
+    partial = empty(HQ, NT * B, dtype=torch.float32, device=q.device) if sink_bias is not None else None
+    if NT > 0:
+        kernel[(NT * heads,)](
+            q=q, k=k, v=v, do=do, dk=dk, dv=dv, dG=dG, dsink_partial=partial, lse=lse, delta=delta, g_cumsum=g_cumsum,
+            sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W,
+            NTOK=B * T, B=B, **dims, **cfg,
+        )
+    if NH != H:
+        dk = dk.view(B, T, H, G, K).sum(3).to(q.dtype)
+        dv = dv.view(B, T, H, G, V).sum(3).to(q.dtype)
+    dsink = partial.sum(1) if partial is not None else None
+    return dk, dv, dG, dsink
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# dK/dV dispatch
+# ----------------------------------------------------------------------------------------------------------------
+
+DKV_PATHS = ("auto", "gqa", "legacy")
+_forced_dkv_path: Optional[str] = None
+
+
+@contextlib.contextmanager
+def dkv_path(name: str):
+    """Force the dK/dV kernel inside a `with` block: "gqa", "legacy" or "auto" (the dispatch). Overrides the
+    environment variable FLA_BWD_DKV_PATH, which sets the same for a whole process. Read at backward time."""
+    global _forced_dkv_path
+    if name not in DKV_PATHS:
+        raise ValueError(f"dkv_path must be one of {DKV_PATHS}, got {name!r}")
+    previous, _forced_dkv_path = _forced_dkv_path, name
+    try:
+        yield
+    finally:
+        _forced_dkv_path = previous
+
+
+def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """The dK/dV kernel for one call: "gqa" or "legacy".
+
+    The KV-head-owned kernel is taken for fp16/bf16 GQA with K == V in {64, 128} and G in {2, 4, 8}; every other
+    call keeps the legacy query-head-owned kernel (MHA has nothing to reduce; fp32, K != V, other head dims and
+    G > 8 are not yet measured to win). See PERF.md for the measurements behind the buckets.
+    """
+    forced = _forced_dkv_path or os.environ.get("FLA_BWD_DKV_PATH", "auto")
+    if forced not in DKV_PATHS:
+        raise ValueError(f"FLA_BWD_DKV_PATH must be one of {DKV_PATHS}, got {forced!r}")
+    if forced != "auto":
+        return forced
+    G = q.shape[2] // k.shape[2]
+    K, V = q.shape[3], v.shape[3]
+    if q.dtype in (torch.float16, torch.bfloat16) and K == V and K in (64, 128) and G in (2, 4, 8):
+        return "gqa"
+    return "legacy"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------------------------
+
+class ParallelAttnFunction(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, sink_bias, scale, W, cu_seqlens):
+        g_cumsum = gate_cumsum(g, cu_seqlens) if g is not None else None
+        sink = sink_bias.float().contiguous() if sink_bias is not None else None
+        o, lse = attn_fwd(q, k, v, g_cumsum, sink, scale, W, cu_seqlens)
+        ctx.save_for_backward(q, k, v, o, lse, g_cumsum, sink, cu_seqlens)
+        ctx.scale, ctx.W = scale, W
+        ctx.g_dtype = g.dtype if g is not None else None
+        ctx.sink_dtype = sink_bias.dtype if sink_bias is not None else None
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, g_cumsum, sink, cu_seqlens = ctx.saved_tensors
+        do = do.contiguous()
+        B, T = q.shape[:2]
+        delta = attn_bwd_preprocess(o, do)
+        # Gates and sinks read delta directly (dG, dsink): give them the fp32 one (see the dQ kernel).
+        dq = attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, ctx.scale, ctx.W, cu_seqlens,
+                         refine_delta=g_cumsum is not None or sink is not None)
+        dk, dv, dG, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink, ctx.scale, ctx.W, cu_seqlens,
+                                  select_dkv_kernel(q, k, v))
+        dg = gate_grad(dG, B, T, cu_seqlens, ctx.g_dtype) if dG is not None and ctx.needs_input_grad[3] else None
+        if dsink is not None:
+            dsink = dsink.to(ctx.sink_dtype)
+        return dq, dk, dv, dg, dsink, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------------------------
+
+def parallel_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    window_size: Optional[int] = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    *,
+    sink_bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Causal softmax attention with GQA, forget gates, a sliding window, attention sinks and packed sequences.
+
+    Args:
+        q: `[B, T, HQ, K]` queries, float16, bfloat16 or float32.
+        k: `[B, T, H, K]` keys, q's dtype. HQ must be a multiple of H; query head h reads KV head h // (HQ // H).
+        v: `[B, T, H, V]` values, q's dtype. K and V are any sizes from 1 to 256 and may differ.
+        g: optional `[B, T, HQ]` log forget gate (Forgetting Transformer), any float dtype. With G its cumulative
+            sum over each sequence (fp32), score(i, j) += G_i - G_j.
+        scale: score scale; defaults to K ** -0.5. Must be finite.
+        window_size: optional W >= 1; query i sees keys [i - W + 1, i]. None (or W >= T) is full causal.
+        cu_seqlens: optional `[N + 1]` int32/int64 offsets of N packed sequences (FlashAttention convention:
+            starts at 0, non-decreasing, ends at T); requires B == 1. Attention never crosses a sequence boundary
+            and the gate's cumsum restarts at each sequence start.
+        sink_bias: optional `[HQ]` attention-sink logits (GPT-OSS): one extra logit per query head in the softmax
+            denominator only. Its gradient is computed in fp32 and returned in sink_bias's dtype.
+
+    Returns:
+        o: `[B, T, HQ, V]` in q's dtype. Differentiable with respect to q, k, v, g and sink_bias; gradients come
+        back in each input's dtype. The backward is deterministic (bitwise identical run to run).
+
+    Raises:
+        TypeError / ValueError naming the argument for any invalid input (shapes, dtypes, devices, cu_seqlens,
+        window_size, scale), before any kernel runs.
+
+    The package is Triton-only: `FLA_DISABLE_BACKEND_DISPATCH=1` is accepted and changes nothing. The dK/dV kernel
+    is picked per call by `select_dkv_kernel`; force one with `dkv_path(...)` or FLA_BWD_DKV_PATH.
+    """
+    check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias)
+    if is_interpreter():
+        install_interpreter_bf16_fix()
+    T = q.shape[1]
+    # W == T already admits every causal pair; clamping keeps the kernels' int32 range arithmetic small.
+    W = T if window_size is None else min(window_size, max(T, 1))
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return ParallelAttnFunction.apply(q, k, v, g, sink_bias, resolve_scale(scale, q.shape[-1]), W, cu_seqlens)

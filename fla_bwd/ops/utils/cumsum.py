@@ -1,0 +1,67 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Per-sequence cumulative sums over the token axis, forward (the gate's G = cumsum(g)) and reverse (its gradient)."""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from fla_bwd.utils import empty
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def segment_cumsum_kernel(
+    x, y, cu_seqlens, T, stride_x_t, stride_x_h, stride_y_t, stride_y_h,
+    NH: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, REVERSE: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """One program scans one sequence for BH heads, BT tokens at a time, carrying the running fp32 sum."""
+    i_n, i_hb = tl.program_id(0), tl.program_id(1)
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        bos = i_n.to(tl.int64) * T
+    o_h = i_hb * BH + tl.arange(0, BH)
+    m_h = o_h < NH
+    # [BH]
+    b_carry = tl.zeros([BH], dtype=tl.float32)
+    for i_c in range(0, tl.cdiv(T, BT)):
+        if REVERSE:
+            o_t = T - (i_c + 1) * BT + tl.arange(0, BT)
+        else:
+            o_t = i_c * BT + tl.arange(0, BT)
+        m_t = (o_t >= 0) & (o_t < T)
+        o_tok = (bos + o_t).to(tl.int64)
+        m = m_t[:, None] & m_h[None, :]
+        # [BT, BH]
+        b_x = tl.load(x + o_tok[:, None] * stride_x_t + o_h[None, :] * stride_x_h, mask=m, other=0).to(tl.float32)
+        b_y = tl.cumsum(b_x, axis=0, reverse=REVERSE) + b_carry[None, :]
+        b_carry += tl.sum(b_x, axis=0)
+        tl.store(y + o_tok[:, None] * stride_y_t + o_h[None, :] * stride_y_h, b_y.to(y.dtype.element_ty), mask=m)
+
+
+def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse):
+    BH = min(16, triton.next_power_of_2(NH))
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    segment_cumsum_kernel[(N, triton.cdiv(NH, BH))](
+        x=x, y=y, cu_seqlens=cu_seqlens, T=T,
+        stride_x_t=x_strides[0], stride_x_h=x_strides[1], stride_y_t=y_strides[0], stride_y_h=y_strides[1],
+        NH=NH, BT=64, BH=BH, REVERSE=reverse,
+    )
+    return y
+
+
+def gate_cumsum(g: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> torch.Tensor:
+    """`g` `[B, T, HQ]` -> G = per-sequence cumsum, fp32, in the kernels' head-major layout `[HQ, B * T]`."""
+    B, T, HQ = g.shape
+    y = empty(HQ, B * T, dtype=torch.float32, device=g.device)
+    return _scan(g, y, cu_seqlens, B, T, HQ, (g.stride(1), g.stride(2)), (1, B * T), reverse=False)
+
+
+def gate_grad(dG: torch.Tensor, B: int, T: int, cu_seqlens: Optional[torch.Tensor], dtype: torch.dtype):
+    """dG `[HQ, B * T]` (gradient w.r.t. G) -> dg `[B, T, HQ]` in `dtype`: the per-sequence reverse cumsum."""
+    HQ = dG.shape[0]
+    y = empty(B, T, HQ, dtype=dtype, device=dG.device)
+    return _scan(dG, y, cu_seqlens, B, T, HQ, (1, B * T), (HQ, 1), reverse=True)
