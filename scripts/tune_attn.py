@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""GPU tuning harness for the attention kernels: correctness spot checks, then per-kernel and end-to-end timings of
+tile-config variants and of both dK/dV paths, in one process. Not a benchmark of record (that is
+`benchmarks/ops/run.py`); it answers "which variant, and where does the time go".
+
+    python scripts/tune_attn.py --shapes g8-T8192,gqa4-long --variants base,bt128 --json $OUT/tune.json
+"""
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from fla_bwd.ops.attn import dkv_path, naive_parallel_attn, parallel_attn
+from fla_bwd.ops.attn import parallel as P
+
+SHAPES = {  # name: (B, T, HQ, H, D, W, gated)
+    "mha-short": (4, 512, 32, 32, 128, None, False),
+    "mha-long": (2, 2048, 32, 32, 128, None, False),
+    "gqa4-short": (4, 512, 32, 8, 128, None, False),
+    "gqa4-long": (2, 2048, 32, 8, 128, None, False),
+    "g8-T4096": (1, 4096, 32, 4, 128, None, False),
+    "g8-T8192": (1, 8192, 32, 4, 128, None, False),
+    "g4-T2048-D64": (2, 2048, 32, 8, 64, None, False),
+    "g8-T8192-W512": (1, 8192, 32, 4, 128, 512, False),
+    "g8-T16384-W256": (1, 16384, 32, 4, 128, 256, False),
+    "g8-T8192-gated": (1, 8192, 32, 4, 128, None, True),
+}
+
+# Tile-config variants: {kernel: overrides}. "base" is whatever parallel._config returns today.
+VARIANTS = {
+    "base": {},
+    "dkv128": {"dkv": dict(BT=128, BS=64, num_warps=8, num_stages=2)},
+    "dkv128s32": {"dkv": dict(BT=128, BS=32, num_warps=8, num_stages=2)},
+    "dkv64w8": {"dkv": dict(BT=64, BS=64, num_warps=8, num_stages=2)},
+    "dkv64s3": {"dkv": dict(BT=64, BS=64, num_warps=4, num_stages=3)},
+    "dq128": {"dq": dict(BT=128, BS=64, num_warps=8, num_stages=2)},
+    "dq128s32": {"dq": dict(BT=128, BS=32, num_warps=8, num_stages=2)},
+    "dq64w8": {"dq": dict(BT=64, BS=64, num_warps=8, num_stages=2)},
+    "dqs3": {"dq": dict(BT=64, BS=64, num_warps=4, num_stages=3)},
+    "fwd128w4": {"fwd": dict(BT=128, BS=64, num_warps=4, num_stages=2)},
+    "fwds3": {"fwd": dict(BT=128, BS=64, num_warps=8, num_stages=3)},
+    "fwd128s128": {"fwd": dict(BT=128, BS=128, num_warps=8, num_stages=2)},
+}
+
+_base_config = P._config
+
+
+def use_variant(name):
+    over = VARIANTS[name]
+    P._config = lambda kernel, D: dict(_base_config(kernel, D), **over.get(kernel, {}))
+
+
+def make_inputs(B, T, HQ, H, D, gated, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, T, HQ, D, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    k = torch.randn(B, T, H, D, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    v = torch.randn(B, T, H, D, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    gate = F.logsigmoid(torch.randn(B, T, HQ, device="cuda", generator=g)).requires_grad_() if gated else None
+    return q, k, v, gate
+
+
+def ratio(ref, out):
+    ref, out = ref.double(), out.double()
+    return ((ref - out).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+
+
+def check(shape, path):
+    """Correctness on the first 1024 tokens of a shape (the oracle is O(T^2) memory)."""
+    B, T, HQ, H, D, W, gated = SHAPES[shape]
+    T = min(T, 1024)
+    q, k, v, g = make_inputs(B, T, HQ, H, D, gated, seed=1)
+    do = torch.randn(B, T, HQ, D, device="cuda", dtype=q.dtype)
+    ins = [x for x in (q, k, v, g) if x is not None]
+    with dkv_path(path):
+        o = parallel_attn(q, k, v, g=g, window_size=W)
+        grads = torch.autograd.grad(o, ins, do)
+    ref = naive_parallel_attn(q, k, v, window_size=W, g=g)
+    rgrads = torch.autograd.grad(ref, ins, do.float())
+    return {n: ratio(r, x) for n, r, x in zip(["o", "dq", "dk", "dv", "dg"], [ref, *rgrads], [o, *grads])}
+
+
+def kernel_times(fn, iters=10):
+    """Median-free per-kernel mean times (us) from the torch profiler over `iters` calls."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.count >= iters:
+            out[e.key[:60]] = round(e.device_time_total / iters, 1)
+    return out
+
+
+def time_shape(shape, path, reps):
+    B, T, HQ, H, D, W, gated = SHAPES[shape]
+    q, k, v, g = make_inputs(B, T, HQ, H, D, gated)
+    do = torch.randn(B, T, HQ, D, device="cuda", dtype=q.dtype)
+    ins = [x for x in (q, k, v, g) if x is not None]
+    res = {}
+    with dkv_path(path):
+        fwd = lambda: parallel_attn(q, k, v, g=g, window_size=W)
+        o = fwd()
+        bwd = lambda: torch.autograd.grad(o, ins, do, retain_graph=True)
+        bwd()
+        res["fwd_us"] = [1e3 * do_bench(fwd, warmup=10, rep=reps, return_mode="median") for _ in range(2)]
+        res["bwd_us"] = [1e3 * do_bench(bwd, warmup=10, rep=reps, return_mode="median") for _ in range(2)]
+        res["kernels"] = kernel_times(bwd)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        bwd()
+        torch.cuda.synchronize()
+        res["bwd_peak_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    pairs = visible_pairs(T, W) * B
+    res["bwd_tflops"] = 2.5 * 4 * HQ * D * pairs / (min(res["bwd_us"]) * 1e-6) / 1e12
+    return res
+
+
+def visible_pairs(T, W):
+    if W is None or W >= T:
+        return T * (T + 1) // 2
+    return W * (W + 1) // 2 + (T - W) * W
+
+
+def sdpa_peer(shape, backend, reps):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, T, HQ, H, D, W, gated = SHAPES[shape]
+    if W is not None or gated:
+        return None
+    q, k, v, _ = make_inputs(B, T, HQ, H, D, False)
+    qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}[backend]
+    try:
+        with sdpa_kernel(be):
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=HQ != H)
+            do = torch.randn_like(o)
+            bwd = lambda: torch.autograd.grad(o, (qt, kt, vt), do, retain_graph=True)
+            bwd()
+            return 1e3 * do_bench(bwd, warmup=10, rep=reps, return_mode="median")
+    except Exception as e:  # a backend may refuse a shape
+        return f"failed: {type(e).__name__}: {str(e)[:80]}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="gqa4-long,g8-T8192")
+    ap.add_argument("--variants", default="base")
+    ap.add_argument("--paths", default="gqa,legacy")
+    ap.add_argument("--check", action="store_true", help="correctness spot check per shape and path first")
+    ap.add_argument("--peers", action="store_true", help="time SDPA cuDNN and FA2 on the same shapes")
+    ap.add_argument("--reps", type=int, default=100, help="do_bench rep time (ms)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("tune_attn.py needs a CUDA GPU")
+    shapes = args.shapes.split(",")
+    results = []
+    for shape in shapes:
+        if args.check:
+            for path in args.paths.split(","):
+                r = check(shape, path)
+                bad = [n for n, x in r.items() if not (x < 0.005)]
+                print(f"check {shape:16s} {path:6s} " + " ".join(f"{n}={x:.2e}" for n, x in r.items())
+                      + ("  FAIL " + ",".join(bad) if bad else ""), flush=True)
+        peers = {}
+        if args.peers:
+            for be in ("cudnn", "fa2"):
+                peers[be] = sdpa_peer(shape, be, args.reps)
+        for variant in args.variants.split(","):
+            use_variant(variant)
+            for path in args.paths.split(","):
+                try:
+                    r = time_shape(shape, path, args.reps)
+                except Exception as e:
+                    r = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                r.update(shape=shape, variant=variant, path=path, peers=peers)
+                results.append(r)
+                if "error" in r:
+                    print(f"{shape:16s} {variant:10s} {path:6s} ERROR {r['error']}", flush=True)
+                    continue
+                print(f"{shape:16s} {variant:10s} {path:6s} fwd {statistics.median(r['fwd_us']):8.1f} us  "
+                      f"bwd {min(r['bwd_us']):8.1f} us ({r['bwd_tflops']:5.1f} TF/s) peak {r['bwd_peak_MiB']:7.1f} MiB "
+                      f"| " + " ".join(f"{k.split('(')[0][-28:]}={v}" for k, v in r["kernels"].items()), flush=True)
+        if peers:
+            print(f"{shape:16s} peers: " + " ".join(f"{k}={v if isinstance(v, str) else round(v, 1)}"
+                                                 for k, v in peers.items() if v is not None), flush=True)
+    P._config = _base_config
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "triton": triton.__version__,
+                       "gpu": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
