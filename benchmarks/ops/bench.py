@@ -1,0 +1,196 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Measure one shape: this package (dispatch and, with --ab, the forced legacy dK/dV path) and its peers."""
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import candidates as C
+from . import peers as P
+from .metrics import host_overhead, kernel_count, peak_memory
+from .registry import make_inputs
+from .timing import interleaved, ratio_stats, summarize
+
+OURS, LEGACY = "fla_bwd", "fla_bwd[legacy]"
+
+
+@dataclass
+class Settings:
+    modes: tuple
+    ab: bool
+    peers: tuple
+    repeats: int
+    iters: int
+    fa3_calls: int
+    overhead: bool
+    report_ratios: bool  # False on a red gate: no speedup is computed or stored
+    force_peers: bool = False  # time peers on rows marked peers=False too
+
+
+class Budget:
+    """Soft limit: no more peer set-ups (compiles are the slow part); hard limit: no more shapes."""
+
+    def __init__(self, seconds: float):
+        self.t0, self.soft = time.time(), seconds
+        self.hard = seconds * 1.15 if seconds else 0.0
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def peers_ok(self) -> bool:
+        return not self.soft or self.elapsed() < self.soft
+
+    def shapes_ok(self) -> bool:
+        return not self.hard or self.elapsed() < self.hard
+
+
+def _free(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _tflops(flops: float, us: float) -> Optional[float]:
+    return flops / (us * 1e-6) / 1e12 if us and us > 0 else None
+
+
+def _ratios(per_round, num: str, den: str) -> list:
+    """One ratio per independent round: median(num) / median(den); > 1 means `den` is faster."""
+    return [statistics.median(a) / statistics.median(b) for a, b in zip(per_round[num], per_round[den])]
+
+
+def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=print, tick=None) -> dict:
+    """Returns the shape's record; never raises for a failing peer (its reason is recorded instead)."""
+    op.check(shape)
+    op_fn = op.load()
+    inputs = make_inputs(op, shape, device)
+    gen = torch.Generator(device="cpu").manual_seed(shape.seed + 1)
+    do = torch.randn(inputs["q"].shape[:-1] + (shape.V,), generator=gen).to(device, inputs["q"].dtype)
+    rec = {"shape": shape.as_dict(), "flops": {m: shape.flops(m) for m in st.modes}, "modes": {},
+           "skipped_peers": {}, "errors": {}}
+    peers = st.peers if (shape.peers or st.force_peers) else ()
+    if st.peers and not peers:
+        rec["skipped_peers"]["*"] = "control row: peers not timed (use --force-peers)"
+    for mode in st.modes:
+        t_mode = time.time()
+        cands = [C.ours(op_fn, op.call, inputs, shape, do, "auto" if st.ab else None)]
+        if st.ab:
+            cands.append(C.ours(op_fn, op.call, inputs, shape, do, "legacy"))
+        fa3 = False
+        for p in peers:
+            why = P.unavailable(p) or P.unsupported(p, shape)
+            if why is None and not budget.peers_ok():
+                why = f"time budget ({budget.soft:.0f} s) spent before this row"
+            if why is not None:
+                rec["skipped_peers"][p] = why
+            elif p == "fa3":
+                fa3 = True
+            else:
+                try:
+                    cands.append(P.torch_candidate(p, shape, inputs, do))
+                except Exception as e:
+                    rec["skipped_peers"][p] = f"set-up failed: {C.one_line(e)}"
+        built = {}
+        for c in cands:
+            try:
+                fn = c.build(mode)
+                timer.warmup(fn)
+                built[c.name] = fn
+            except Exception as e:
+                c.release()
+                _free(device)
+                if c.kind == "ours":
+                    rec["errors"][f"{mode}:{c.name}"] = C.one_line(e, 400)
+                else:
+                    rec["skipped_peers"][c.name] = f"{mode}: {C.one_line(e)}"
+        if OURS not in built:
+            log(f"  {shape.name} {mode}: this package failed: {rec['errors'].get(f'{mode}:{OURS}')}")
+            for c in cands:
+                c.release()
+            _free(device)
+            continue
+        try:
+            per_round = interleaved(timer, built, st.repeats, st.iters)
+        except Exception as e:
+            rec["errors"][f"{mode}:timing"] = C.one_line(e, 400)
+            for c in cands:
+                c.release()
+            _free(device)
+            continue
+        res = {"candidates": {}, "timer": timer.kind, "rounds": st.repeats, "iters_per_pass": st.iters}
+        flops = shape.flops(mode)
+        for name, rounds in per_round.items():
+            s = summarize([x for r in rounds for x in r])
+            s["round_medians_us"] = [statistics.median(r) for r in rounds]
+            s["tflops"] = _tflops(flops, s["median_us"])
+            res["candidates"][name] = s
+        if timer.cuda:
+            for name, fn in built.items():
+                res["candidates"][name]["kernels"] = kernel_count(fn)
+        built.clear()
+        for c in cands:
+            c.release()
+        _free(device)
+        if timer.cuda:
+            for c in cands:
+                if c.name not in res["candidates"]:
+                    continue
+                fn = None
+                try:
+                    fn = c.build(mode)
+                    res["candidates"][c.name]["memory"] = peak_memory(fn, c.held() + [timer.flush_buf])
+                except Exception as e:
+                    res["candidates"][c.name]["memory"] = {"error": C.one_line(e)}
+                del fn
+                c.release()
+                _free(device)
+            if st.overhead:
+                for c in cands[: 2 if st.ab else 1]:
+                    try:
+                        res["candidates"][c.name]["overhead"] = host_overhead(lambda c=c, m=mode: c.build(m))
+                    except Exception as e:
+                        res["candidates"][c.name]["overhead"] = {"error": C.one_line(e)}
+                    c.release()
+                    _free(device)
+        if fa3:
+            try:
+                s = P.time_fa3(shape, inputs, do, mode, st.fa3_calls, st.repeats)
+                s["tflops"] = _tflops(flops, s["median_us"])
+                res["candidates"]["fa3"] = s
+            except Exception as e:
+                rec["skipped_peers"]["fa3"] = f"{mode}: {C.one_line(e)}"
+            _free(device)
+        if st.report_ratios:
+            if LEGACY in per_round:
+                res["ab"] = ratio_stats(_ratios(per_round, LEGACY, OURS))
+            res["vs"] = {n: ratio_stats(_ratios(per_round, n, OURS)) for n in per_round if n not in (OURS, LEGACY)}
+            if "fa3" in res["candidates"]:
+                res["vs"]["fa3"] = ratio_stats([res["candidates"]["fa3"]["median_us"] /
+                                                res["candidates"][OURS]["median_us"]])
+        res["seconds"] = round(time.time() - t_mode, 1)
+        rec["modes"][mode] = res
+        if tick is not None:
+            tick()
+        log(mode_line(shape.name, mode, res))
+    del inputs, do
+    _free(device)
+    return rec
+
+
+def mode_line(name: str, mode: str, res: dict) -> str:
+    ours = res["candidates"][OURS]
+    tf = ours.get("tflops")
+    s = f"  {name:<24} {mode:<6} {OURS} {ours['median_us']:10.1f} us"
+    s += f" {tf:7.1f} TFLOP/s" if tf is not None else ""
+    ab = res.get("ab")
+    if ab and ab.get("median"):
+        s += f" | A/B legacy/auto {ab['median']:.3f} [{ab['min']:.3f}-{ab['max']:.3f}]"
+    for peer, r in res.get("vs", {}).items():
+        if r.get("median"):
+            s += f" | {peer} {r['median']:.2f}x"
+    return s + f" ({res['seconds']} s)"

@@ -1,0 +1,75 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""A candidate turns a differentiable forward into the zero-argument call each mode times.
+
+- fwd:    the forward alone (autograd on, as in training);
+- bwd:    the forward runs once outside the timed region; the timed call is only
+          `torch.autograd.grad(o, leaves, do, retain_graph=True)`;
+- fwdbwd: forward and `torch.autograd.grad(o, leaves, do)`.
+A context factory (e.g. `lambda: dkv_path("legacy")`) wraps the forward and every timed call.
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class Candidate:
+    name: str
+    forward: Callable[[], torch.Tensor]  # returns o [B, T, HQ, V]
+    leaves: list
+    do: torch.Tensor
+    ctx: Callable = contextlib.nullcontext
+    kind: str = "torch"  # "ours" or "torch" (peers); FA3 is timed apart
+    state: dict = field(default_factory=dict)
+
+    def build(self, mode: str) -> Callable[[], object]:
+        """Returns the timed call for `mode` (for bwd this runs the forward once, now)."""
+        ctx, fwd, leaves, do = self.ctx, self.forward, self.leaves, self.do
+        if mode == "fwd":
+            def call():
+                with ctx():
+                    return fwd()
+        elif mode == "bwd":
+            with ctx():
+                o = fwd()
+            self.state["o"] = o
+
+            def call():
+                with ctx():
+                    return torch.autograd.grad(o, leaves, do, retain_graph=True)
+        elif mode == "fwdbwd":
+            def call():
+                with ctx():
+                    return torch.autograd.grad(fwd(), leaves, do)
+        else:
+            raise ValueError(f"unknown mode {mode!r}")
+        return call
+
+    def held(self) -> list:
+        """Tensors alive outside the timed call (subtracted from peak memory)."""
+        return [t for t in self.leaves + [self.do, self.state.get("o")] if t is not None]
+
+    def release(self) -> None:
+        self.state.clear()
+
+
+def ours(op_fn, call, inputs: dict, shape, do, path: Optional[str]) -> Candidate:
+    """This package's op; `path` forces the dK/dV backward through `dkv_path(path)` (None: no context)."""
+    leaves = [t for t in (inputs.get("q"), inputs.get("k"), inputs.get("v"), inputs.get("g")) if t is not None]
+    ctx = contextlib.nullcontext
+    if path is not None:
+        from fla_bwd.ops.attn import dkv_path
+
+        def ctx():
+            return dkv_path(path)
+    name = "fla_bwd" if path in (None, "auto") else f"fla_bwd[{path}]"
+    return Candidate(name=name, forward=lambda: call(op_fn, inputs, shape), leaves=leaves, do=do, ctx=ctx,
+                     kind="ours")
+
+
+def one_line(e: BaseException, limit: int = 200) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:limit] if msg else ''}".rstrip(": ")

@@ -1,0 +1,202 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Declarative benchmark registry: ops (tensor specs, constraints, gate file) and named shapes.
+
+Shape names follow the peer anchors (/work/shared/anchors) wherever the same shape was measured there.
+Nothing here imports torch at module load; `make_inputs` imports it lazily.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .shapes import Shape, ShapeError, cu_seqlens_list
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: Callable[[Shape], tuple]
+    dtype: Optional[str] = None  # None: the shape's dtype
+    transform: Optional[str] = None  # "logsigmoid": gate = logsigmoid(normal sample)
+    requires_grad: bool = True
+    when: Callable[[Shape], bool] = lambda s: True  # noqa: E731 - declarative default
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    name: str
+    module: str  # where the callable lives (imported lazily)
+    attr: str
+    tensors: tuple
+    gate_file: str
+    constraints: tuple = field(default_factory=tuple)  # callables Shape -> error string or None
+    post_init: Optional[Callable] = None  # (shape, inputs dict, device) -> None; adds non-tensor-spec args
+    call: Optional[Callable] = None  # (fn, inputs dict, shape) -> output
+
+    def load(self):
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.attr)
+
+    def check(self, shape: Shape) -> Shape:
+        shape.validate()
+        for rule in self.constraints:
+            err = rule(shape)
+            if err:
+                raise ShapeError(f"shape {shape.name!r} does not fit op {self.name!r}: {err}")
+        return shape
+
+
+def _varlen_post_init(shape: Shape, inputs: dict, device) -> None:
+    import torch
+
+    if shape.varlen:
+        inputs["cu_seqlens"] = torch.tensor(cu_seqlens_list(shape.seqlens()), dtype=torch.int32, device=device)
+    else:
+        inputs["cu_seqlens"] = None
+
+
+def _call_parallel_attn(fn, inputs: dict, shape: Shape):
+    return fn(inputs["q"], inputs["k"], inputs["v"], g=inputs.get("g"), scale=None, window_size=shape.W,
+              cu_seqlens=inputs.get("cu_seqlens"))
+
+
+OPS = {
+    "parallel_attn": OpEntry(
+        name="parallel_attn",
+        module="fla_bwd.ops.attn",
+        attr="parallel_attn",
+        tensors=(
+            TensorSpec("q", lambda s: (s.B, s.T, s.HQ, s.K)),
+            TensorSpec("k", lambda s: (s.B, s.T, s.H, s.K)),
+            TensorSpec("v", lambda s: (s.B, s.T, s.H, s.V)),
+            TensorSpec("g", lambda s: (s.B, s.T, s.HQ), dtype="fp32", transform="logsigmoid",
+                       when=lambda s: s.gated),
+        ),
+        gate_file="tests/ops/test_attn.py",
+        constraints=(
+            lambda s: None if s.HQ % s.H == 0 else "HQ must be a multiple of H",
+            lambda s: None if not s.varlen or s.B == 1 else "packed varlen needs B == 1",
+        ),
+        post_init=_varlen_post_init,
+        call=_call_parallel_attn,
+    ),
+}
+
+
+def make_inputs(op: OpEntry, shape: Shape, device) -> dict:
+    """Random inputs (never zeros), deterministic in shape.seed; grad-requiring leaves where the spec says so."""
+    import torch
+    import torch.nn.functional as F
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    gen = torch.Generator(device="cpu").manual_seed(shape.seed)
+    inputs = {}
+    for spec in op.tensors:
+        if not spec.when(shape):
+            inputs[spec.name] = None
+            continue
+        x = torch.randn(spec.shape(shape), generator=gen, dtype=torch.float32)
+        if spec.transform == "logsigmoid":
+            x = F.logsigmoid(x)
+        x = x.to(device=device, dtype=dt[spec.dtype or shape.dtype])
+        inputs[spec.name] = x.requires_grad_(spec.requires_grad)
+    if op.post_init is not None:
+        op.post_init(shape, inputs, device)
+    return inputs
+
+
+def _s(name, B, T, HQ, H, D, **kw):
+    K, V = kw.pop("K", D), kw.pop("V", D)
+    return Shape(name=name, B=B, T=T, HQ=HQ, H=H, K=K, V=V, **kw)
+
+
+# Ordered by priority: a run that hits its time budget drops rows from the end.
+SHAPES = [
+    # headline dense GQA (anchor names)
+    _s("g8-T8192", 1, 8192, 32, 4, 128),
+    _s("g8-T4096", 1, 4096, 32, 4, 128),
+    _s("g4-T2048-D64", 2, 2048, 32, 8, 64),
+    # sliding-window GQA
+    _s("g8-T8192-W512", 1, 8192, 32, 4, 128, W=512, group="window"),
+    _s("g8-T16384-W256", 1, 16384, 32, 4, 128, W=256, group="window"),
+    _s("g8-T8192-W256", 1, 8192, 32, 4, 128, W=256, group="window"),
+    _s("g8-T16384-W512", 1, 16384, 32, 4, 128, W=512, group="window"),
+    # gated unequal-length packed varlen GQA
+    _s("varlen-gated-8192", 1, 8192, 32, 4, 128, gated=True, varlen=True, seed=8192, group="varlen"),
+    _s("varlen-gated-16384", 1, 16384, 32, 4, 128, gated=True, varlen=True, seed=16384, group="varlen"),
+    # gated dense twins (anchor rows for fla-0.6 and flex-gated; "gated costs at most 1.15x ungated")
+    _s("g8-T8192-gated", 1, 8192, 32, 4, 128, gated=True, group="gated"),
+    _s("gqa4-long-gated", 2, 2048, 32, 8, 128, gated=True, group="gated"),
+    # llama rows
+    _s("mha-short", 4, 512, 32, 32, 128, group="llama"),
+    _s("mha-long", 2, 2048, 32, 32, 128, group="llama"),
+    _s("mha-short-fp16", 4, 512, 32, 32, 128, dtype="fp16", group="llama"),
+    _s("mha-long-fp16", 2, 2048, 32, 32, 128, dtype="fp16", group="llama"),
+    _s("gqa4-short", 4, 512, 32, 8, 128, group="llama"),
+    _s("gqa4-long", 2, 2048, 32, 8, 128, group="llama"),
+    # breadth: G = 2, 4, 8 x D = 64, 128 at B2 T2048 HQ32 (G4 rows are g4-T2048-D64 and gqa4-long above)
+    _s("g2-T2048-D64", 2, 2048, 32, 16, 64, group="breadth", peers=False),
+    _s("g2-T2048-D128", 2, 2048, 32, 16, 128, group="breadth", peers=False),
+    _s("g8-T2048-D64", 2, 2048, 32, 4, 64, group="breadth", peers=False),
+    _s("g8-T2048-D128", 2, 2048, 32, 4, 128, group="breadth", peers=False),
+    # fallback controls: the dispatch must not lose where it should fall back (A/B ratio ~1)
+    _s("ctl-fwd-g8-T8192", 1, 8192, 32, 4, 128, modes=("fwd",), group="control", peers=False,
+       note="forward alone: the dK/dV dispatch must not touch it"),
+    _s("ctl-g16-T2048", 2, 2048, 32, 2, 128, group="control", peers=False, note="G > 8"),
+    _s("ctl-fp32-g8-T2048", 1, 2048, 32, 4, 128, dtype="fp32", group="control", peers=False, note="fp32"),
+    _s("ctl-K128-V64-g8-T2048", 2, 2048, 32, 4, 128, V=64, group="control", peers=False, note="K != V"),
+    _s("ctl-mha-T2048", 2, 2048, 32, 32, 128, group="control", peers=False, note="MHA (G = 1)"),
+]
+
+# CPU/interpreter self-test shapes (not performance numbers)
+SMOKE_SHAPES = [
+    _s("smoke", 1, 64, 4, 2, 32, modes=("fwd", "bwd", "fwdbwd"), group="smoke", peers=False),
+    _s("smoke-varlen-gated", 1, 64, 4, 2, 32, gated=True, varlen=True, nseq=3, seed=3, W=16,
+       modes=("bwd",), group="smoke", peers=False),
+]
+
+GROUPS = sorted({s.group for s in SHAPES + SMOKE_SHAPES})
+_BY_NAME = {s.name: s for s in SHAPES + SMOKE_SHAPES}
+assert len(_BY_NAME) == len(SHAPES) + len(SMOKE_SHAPES), "duplicate shape name"
+
+
+def get_op(name: str) -> OpEntry:
+    if name not in OPS:
+        raise ShapeError(f"unknown op {name!r}; known ops: {', '.join(OPS)}")
+    return OPS[name]
+
+
+def get_shape(name: str) -> Shape:
+    if name not in _BY_NAME:
+        raise ShapeError(f"unknown shape {name!r}; run with --list to see the {len(_BY_NAME)} registered shapes")
+    return _BY_NAME[name]
+
+
+def select_shapes(spec: Optional[str]) -> list:
+    """`None` or `all`: every registered (non-smoke) shape; else comma-separated names or `group:NAME`."""
+    if not spec or spec == "all":
+        return list(SHAPES)
+    out = []
+    for tok in (t.strip() for t in spec.split(",")):
+        if not tok:
+            raise ShapeError(f"empty name in --shapes {spec!r}")
+        if tok.startswith("group:"):
+            grp = tok.split(":", 1)[1]
+            if grp not in GROUPS:
+                raise ShapeError(f"unknown shape group {grp!r}; groups: {', '.join(GROUPS)}")
+            out += [s for s in SHAPES + SMOKE_SHAPES if s.group == grp]
+        else:
+            out.append(get_shape(tok))
+    return out
+
+
+def listing() -> str:
+    lines = ["ops:"]
+    for op in OPS.values():
+        lines.append(f"  {op.name:<16} {op.module}.{op.attr}  (gate: {op.gate_file})")
+    lines.append("shapes (name, group, default modes, description):")
+    for s in SHAPES + SMOKE_SHAPES:
+        extra = f"  -- {s.note}" if s.note else ""
+        peers = "" if s.peers else " [no peers]"
+        lines.append(f"  {s.name:<24} {s.group:<9} {','.join(s.modes):<11} {s.describe()}{peers}{extra}")
+    return "\n".join(lines)

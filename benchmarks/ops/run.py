@@ -1,0 +1,212 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Benchmark runner. See benchmarks/README.md.
+
+    python -m benchmarks.ops.run --op parallel_attn --shapes g8-T8192,gqa4-long --modes bwd,fwdbwd --ab \
+        --peers flex,sdpa-cudnn,sdpa-fa2,fla,fa3 --repeats 5 --json out.json
+    python -m benchmarks.ops.run --list
+    python -m benchmarks.ops.run --smoke --skip-gate      # CPU interpreter self-test, not a performance number
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .registry import SMOKE_SHAPES, get_op, listing, select_shapes
+from .shapes import MODES, ShapeError, parse_custom
+
+EXIT_USAGE, EXIT_GATE_RED, EXIT_OP_FAILED = 2, 3, 4
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ops.run", description=__doc__.split("\n")[0])
+    p.add_argument("--op", default="parallel_attn", help="registered op (default parallel_attn)")
+    p.add_argument("--shapes", default=None, help="comma-separated names, group:NAME, or all (default: all)")
+    p.add_argument("--custom", action="append", default=[], metavar="SPEC",
+                   help="extra shape B=1,T=1024,HQ=32,H=4,D=128[,W=512][,gated][,varlen][,fp16|fp32]; repeatable")
+    p.add_argument("--modes", default=None, help="comma-separated subset of fwd,bwd,fwdbwd (default: per shape)")
+    p.add_argument("--ab", action="store_true", help="A/B: dkv_path('auto') against the forced legacy dK/dV path")
+    p.add_argument("--peers", default="", help="comma-separated flex,sdpa-cudnn,sdpa-fa2,fla,fa3 | all | none")
+    p.add_argument("--force-peers", action="store_true", help="time peers on control rows too")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="independent rounds (A/B comparisons), default 5 (--smoke: 2)")
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed calls per candidate per pass, default 20 (--smoke: 1)")
+    p.add_argument("--fa3-calls", type=int, default=30, help="FA3 calls per wall-clock repeat, default 30")
+    p.add_argument("--json", default=None, help="write the full record here (rewritten after every shape)")
+    p.add_argument("--list", action="store_true", help="list ops and shapes and exit")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny shapes; on a CPU-only machine under TRITON_INTERPRET=1 (not a performance number)")
+    p.add_argument("--skip-gate", action="store_true", help="do not run the correctness gate (loud warning)")
+    p.add_argument("--gate-only", action="store_true", help="run the correctness gate and exit with its status")
+    p.add_argument("--gate-file", default=None, help="override the op's gating test file")
+    p.add_argument("--gate-timeout", type=float, default=420.0, help="seconds before the gate counts as red")
+    p.add_argument("--overhead", action="store_true", help="host overhead: wall time vs CUDA-graph replay")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="soft time budget: past it no more peers are set up; past 1.15x no more shapes")
+    return p.parse_args(argv)
+
+
+def resolve(args):
+    op = get_op(args.op)
+    if args.repeats is None:
+        args.repeats = 2 if args.smoke else 5
+    if args.iters is None:
+        args.iters = 1 if args.smoke else 20
+    if args.repeats < 1 or args.iters < 1 or args.fa3_calls < 1:
+        raise UsageError("--repeats, --iters and --fa3-calls must be >= 1")
+    if args.ab and args.repeats < 5 and not args.smoke:
+        raise UsageError("--ab needs --repeats >= 5 (at least five independent comparisons)")
+    if args.smoke and not args.shapes and not args.custom:
+        shapes = [SMOKE_SHAPES[0]]
+    else:
+        shapes = select_shapes(args.shapes) if (args.shapes or not args.custom) else []
+    shapes += [parse_custom(spec, name=f"custom{i}") for i, spec in enumerate(args.custom)]
+    if args.modes:
+        modes = tuple(m.strip() for m in args.modes.split(","))
+        bad = [m for m in modes if m not in MODES]
+        if bad or not modes:
+            raise UsageError(f"unknown mode(s) {bad}; modes are {', '.join(MODES)}")
+        shapes = [s.with_modes(modes) for s in shapes]
+    from .peers import PEERS
+
+    peers = () if args.peers in ("", "none") else PEERS if args.peers == "all" else tuple(
+        x.strip() for x in args.peers.split(","))
+    bad = [x for x in peers if x not in PEERS]
+    if bad:
+        raise UsageError(f"unknown peer(s) {bad}; peers are {', '.join(PEERS)}")
+    for s in shapes:
+        op.check(s)
+    return op, shapes, peers
+
+
+def progress_bar(total):
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, file=sys.stderr, mininterval=2.0, desc="shape x mode")
+        return bar.update, bar.close
+    except ImportError:
+        state = {"n": 0}
+
+        def tick():
+            state["n"] += 1
+            print(f"[{state['n']}/{total}]", flush=True)
+        return tick, lambda: None
+
+
+def write_json(path, data):
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+        os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.list:
+        print(listing())
+        return 0
+    op, shapes, peers = resolve(args)
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        raise UsageError("no CUDA GPU found: the benchmark needs one (use --smoke for the CPU interpreter self-test)")
+    if not cuda:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (by the op below)
+        if peers:
+            print("note: --smoke on CPU: peers are not run", flush=True)
+            peers = ()
+    try:
+        op.load()
+    except Exception as e:
+        raise UsageError(f"cannot import {op.module}.{op.attr}: {type(e).__name__}: {e}") from None
+    if args.ab:
+        try:
+            from fla_bwd.ops.attn import dkv_path  # noqa: F401
+        except ImportError as e:
+            raise UsageError(f"--ab needs fla_bwd.ops.attn.dkv_path: {e}") from None
+
+    from . import bench, runinfo, summary
+    from .timing import Timer
+
+    gate_file = args.gate_file or op.gate_file
+    gate = runinfo.skipped_gate(gate_file) if args.skip_gate else runinfo.run_gate(gate_file, args.gate_timeout)
+    runinfo.print_gate(gate)
+    if args.gate_only:
+        return 0 if gate["status"] == "green" else EXIT_GATE_RED
+
+    device = torch.device("cuda" if cuda else "cpu")
+    smoke = args.smoke
+    timer = Timer(device, warmup_calls=(1, 2) if smoke else (3, 25))
+    st = bench.Settings(modes=(), ab=args.ab, peers=peers, repeats=args.repeats, iters=args.iters,
+                        fa3_calls=args.fa3_calls, overhead=args.overhead and cuda,
+                        report_ratios=gate["status"] != "red", force_peers=args.force_peers)
+    data = {"schema": "fla_bwd-bench/1", "op": op.name, "smoke": smoke, "timer": timer.kind, "gate": gate,
+            "env": runinfo.environment(), "settings": {k: v for k, v in vars(args).items()}, "peers": list(peers),
+            "results": [], "skipped_shapes": {}, "partial": True}
+    if smoke:
+        print("SMOKE RUN: timings below are interpreter/CPU self-test numbers, NOT a performance number", flush=True)
+    print(f"{len(shapes)} shapes, peers: {', '.join(peers) or 'none'}, A/B: {args.ab}, timer: {timer.kind}",
+          flush=True)
+    budget = bench.Budget(args.budget_s)
+    tick, close = progress_bar(sum(len(s.modes) for s in shapes))
+    failed = False
+    for shape in shapes:
+        if not budget.shapes_ok():
+            data["skipped_shapes"][shape.name] = f"time budget {budget.hard:.0f} s spent"
+            print(f"  {shape.name}: skipped (time budget)", flush=True)
+            continue
+        print(f"-> {shape.name}: {shape.describe()} modes={','.join(shape.modes)} t={budget.elapsed():.0f}s",
+              flush=True)
+        st.modes = shape.modes
+        try:
+            rec = bench.measure_shape(op, shape, st, timer, device, budget,
+                                      log=lambda s: print(s, flush=True), tick=tick)
+        except Exception as e:
+            from .candidates import one_line
+
+            rec = {"shape": shape.as_dict(), "modes": {}, "errors": {"shape": one_line(e, 400)}, "skipped_peers": {}}
+            print(f"  {shape.name}: FAILED {rec['errors']['shape']}", flush=True)
+        failed |= bool(rec["errors"])
+        data["results"].append(rec)
+        write_json(args.json, data)
+    close()
+    all_modes = [m for m in MODES if any(m in r["modes"] for r in data["results"])]
+    data["geomean"] = summary.aggregate(data["results"], all_modes) if st.report_ratios else {}
+    data["checks"] = summary.checks(data["results"], all_modes)
+    data["partial"] = bool(data["skipped_shapes"])
+    data["elapsed_s"] = round(budget.elapsed(), 1)
+    write_json(args.json, data)
+    for mode in sorted(all_modes, key=lambda m: m == "bwd"):  # the backward-alone table prints last
+        print("\n" + summary.render(data, mode), flush=True)
+    if gate["status"] == "red":
+        return EXIT_GATE_RED
+    return EXIT_OP_FAILED if failed else 0
+
+
+def cli() -> int:
+    t0 = time.time()
+    try:
+        code = main()
+    except (ShapeError, UsageError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print(f"done in {time.time() - t0:.0f} s (exit {code})", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

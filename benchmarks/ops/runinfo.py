@@ -1,0 +1,97 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""The correctness gate (the op's test file in a subprocess) and the environment record."""
+
+import os
+import platform
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+LOUD = "!" * 100
+
+
+def run_gate(test_file: str, timeout_s: float, extra_env: dict = None) -> dict:
+    """`pytest -q -x <file>` in a subprocess from the repository root; green only on exit code 0."""
+    path = test_file if os.path.isabs(test_file) else os.path.join(REPO, test_file)
+    rec = {"file": test_file, "skipped": False, "command": f"{sys.executable} -m pytest -q -x {test_file}"}
+    if not os.path.exists(path):
+        rec.update(status="red", returncode=None, seconds=0.0, tail=f"gate file {test_file} does not exist")
+        return rec
+    env = dict(os.environ, **(extra_env or {}))
+    t0 = time.time()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        rec.update(status="green" if proc.returncode == 0 else "red", returncode=proc.returncode, tail="\n".join(tail))
+    except subprocess.TimeoutExpired:
+        rec.update(status="red", returncode=None, tail=f"gate timed out after {timeout_s:.0f} s")
+    rec["seconds"] = round(time.time() - t0, 1)
+    return rec
+
+
+def skipped_gate(test_file: str) -> dict:
+    return {"file": test_file, "skipped": True, "status": "skipped", "returncode": None, "seconds": 0.0,
+            "tail": "gate skipped with --skip-gate: speedups below are NOT gated on correctness"}
+
+
+def print_gate(rec: dict) -> None:
+    if rec["status"] == "green":
+        print(f"gate: GREEN  {rec['file']} ({rec['seconds']} s)", flush=True)
+        return
+    print(LOUD, flush=True)
+    if rec["skipped"]:
+        print("!!! WARNING: CORRECTNESS GATE SKIPPED (--skip-gate). Speedups below are NOT gated on a green test run.")
+    else:
+        print(f"!!! GATE RED: {rec['file']} failed (returncode {rec['returncode']}). NO SPEEDUP WILL BE REPORTED.")
+        for line in rec["tail"].splitlines():
+            print(f"!!!   {line}")
+    print(LOUD, flush=True)
+
+
+def _cmd(args) -> str:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=20, cwd=REPO).stdout.strip()
+    except Exception:
+        return ""
+
+
+def environment() -> dict:
+    import torch
+
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "git_commit": _cmd(["git", "rev-parse", "HEAD"]) or None,
+        "git_dirty": bool(_cmd(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "benchmarks.ops.run"] + sys.argv[1:]),
+        "argv": sys.argv,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "env": {k: os.environ[k] for k in ("TRITON_INTERPRET", "FLA_BWD_DKV_PATH", "FLA_DISABLE_BACKEND_DISPATCH",
+                                           "XLA_PYTHON_CLIENT_PREALLOCATE", "CUDA_VISIBLE_DEVICES")
+                if k in os.environ},
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:
+        env["triton"] = None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpu_sms"] = p.multi_processor_count
+        env["gpu_mem_GiB"] = round(p.total_memory / 2**30, 1)
+        env["driver"] = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) or None
+    else:
+        env["gpu"] = None
+    for mod in ("fla", "jax", "flash_attn3_jax"):
+        if mod in sys.modules:
+            env[f"{mod}_version"] = getattr(sys.modules[mod], "__version__", None)
+    return env

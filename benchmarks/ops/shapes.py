@@ -1,0 +1,198 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Benchmark shapes: the dataclass, exact FLOP counting, seeded unequal varlen splits and custom-shape parsing.
+
+Pure Python (no torch) so the CLI can validate names before anything heavy is imported.
+"""
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+DTYPES = ("bf16", "fp16", "fp32")
+MODES = ("fwd", "bwd", "fwdbwd")
+# backward FLOPs = 2.5 x forward (the anchors' convention); forward + backward = 3.5 x forward
+MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+
+
+class ShapeError(ValueError):
+    """A shape that is malformed or breaks a constraint; the CLI prints it without a traceback."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    B: int
+    T: int  # per-sequence length; for varlen the packed total (B == 1)
+    HQ: int
+    H: int
+    K: int
+    V: int
+    W: Optional[int] = None  # query i sees keys [i - W + 1, i]
+    gated: bool = False
+    varlen: bool = False
+    nseq: int = 0  # varlen only: number of packed sequences (0: T // 2048, at least 2)
+    dtype: str = "bf16"
+    seed: int = 0
+    modes: tuple = ("bwd", "fwdbwd")
+    group: str = "headline"
+    peers: bool = True  # time the peers on this row (controls only run the A/B)
+    note: str = ""
+    tags: tuple = field(default_factory=tuple)
+
+    @property
+    def G(self) -> int:
+        return self.HQ // self.H
+
+    def describe(self) -> str:
+        s = f"B{self.B} T{self.T} HQ{self.HQ} H{self.H} "
+        s += f"D{self.K}" if self.K == self.V else f"K{self.K} V{self.V}"
+        if self.W:
+            s += f" W{self.W}"
+        if self.gated:
+            s += " gated"
+        if self.varlen:
+            s += f" varlen(N={len(self.seqlens())})"
+        return s + f" {self.dtype}"
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("name", "B", "T", "HQ", "H", "K", "V", "W", "gated", "varlen", "dtype")}
+        d.update(G=self.G, seed=self.seed, group=self.group, describe=self.describe())
+        if self.varlen:
+            d["seqlens"] = self.seqlens()
+        return d
+
+    def seqlens(self) -> list:
+        """Sequence lengths: [T] * B for dense rows; unequal lengths summing to T, fixed by the seed, for varlen."""
+        if not self.varlen:
+            return [self.T] * self.B
+        n = self.nseq or max(2, self.T // 2048)
+        return unequal_split(self.T, n, self.seed)
+
+    def pairs(self) -> int:
+        """Visible (query, key) pairs of the whole batch, counted exactly."""
+        return sum(visible_pairs(n, self.W) for n in self.seqlens())
+
+    def fwd_flops(self) -> int:
+        # two matmuls per visible pair and query head: QK^T (2K flops) and PV (2V flops); 4*D*pairs when K == V
+        return 2 * self.HQ * (self.K + self.V) * self.pairs()
+
+    def flops(self, mode: str) -> float:
+        return MODE_FLOP_FACTOR[mode] * self.fwd_flops()
+
+    def validate(self) -> "Shape":
+        for k in ("B", "T", "HQ", "H", "K", "V"):
+            if getattr(self, k) <= 0:
+                raise ShapeError(f"shape {self.name!r}: {k} must be positive, got {getattr(self, k)}")
+        if self.HQ % self.H:
+            raise ShapeError(f"shape {self.name!r}: HQ={self.HQ} is not a multiple of H={self.H}")
+        if self.W is not None and self.W <= 0:
+            raise ShapeError(f"shape {self.name!r}: W must be positive, got {self.W}")
+        if self.varlen and self.B != 1:
+            raise ShapeError(f"shape {self.name!r}: packed varlen needs B == 1, got B={self.B}")
+        if self.dtype not in DTYPES:
+            raise ShapeError(f"shape {self.name!r}: dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.varlen and self.nseq and self.nseq > self.T:
+            raise ShapeError(f"shape {self.name!r}: {self.nseq} sequences cannot pack into T={self.T}")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise ShapeError(f"shape {self.name!r}: unknown mode(s) {bad}; modes are {MODES}")
+        return self
+
+    def with_modes(self, modes) -> "Shape":
+        return replace(self, modes=tuple(modes))
+
+
+def visible_pairs(n: int, window: Optional[int] = None) -> int:
+    """Causal pairs (i >= j) of one length-n sequence, restricted to i - j < window when a window is given."""
+    if window is None or window >= n:
+        return n * (n + 1) // 2
+    return window * (window + 1) // 2 + (n - window) * window
+
+
+def brute_force_pairs(seqlens, window: Optional[int] = None) -> int:
+    """O(T^2) reference count, for tests."""
+    total = 0
+    for n in seqlens:
+        for i in range(n):
+            for j in range(i + 1):
+                if window is None or i - j < window:
+                    total += 1
+    return total
+
+
+def _splitmix64(state: int):
+    """Tiny deterministic generator (same stream on every Python, numpy or torch version)."""
+    mask = (1 << 64) - 1
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        yield z ^ (z >> 31)
+
+
+def unequal_split(total: int, n: int, seed: int) -> list:
+    """Split `total` tokens into `n` pairwise-different positive lengths, deterministic in `seed`.
+
+    Lengths are drawn around total / n (between 0.25x and 1.75x the mean) and the remainder goes to the last
+    sequence; the draw repeats until every length is positive and all lengths differ.
+    """
+    if n <= 0 or total < n * (n + 1) // 2:
+        raise ShapeError(f"cannot split {total} tokens into {n} distinct positive lengths")
+    if n == 1:
+        return [total]
+    rng = _splitmix64(seed * 1_000_003 + total * 31 + n)
+    mean = total / n
+    for _ in range(10_000):
+        lens = [max(1, int(mean * (0.25 + 1.5 * (next(rng) / 2.0**64)))) for _ in range(n - 1)]
+        last = total - sum(lens)
+        lens.append(last)
+        if last > 0 and len(set(lens)) == n:
+            return lens
+    raise ShapeError(f"could not draw {n} distinct lengths summing to {total}")  # pragma: no cover
+
+
+def cu_seqlens_list(seqlens) -> list:
+    out = [0]
+    for n in seqlens:
+        out.append(out[-1] + n)
+    return out
+
+
+_CUSTOM_KEYS = {"B", "T", "HQ", "H", "D", "K", "V", "W", "N", "SEED"}
+_CUSTOM_FLAGS = {"gated", "varlen", "bf16", "fp16", "fp32"}
+
+
+def parse_custom(spec: str, name: str = "custom") -> Shape:
+    """Parse `B=1,T=1024,HQ=32,H=4,D=128[,W=512][,gated][,varlen][,fp16|fp32][,N=4][,SEED=0]`."""
+    vals, flags = {}, set()
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            raise ShapeError(f"custom shape {spec!r}: empty field")
+        if "=" in item:
+            key, _, val = item.partition("=")
+            key = key.strip().upper()
+            if key not in _CUSTOM_KEYS:
+                raise ShapeError(f"custom shape {spec!r}: unknown key {key!r} (keys: {sorted(_CUSTOM_KEYS)})")
+            try:
+                vals[key] = int(val)
+            except ValueError:
+                raise ShapeError(f"custom shape {spec!r}: {key} needs an integer, got {val!r}") from None
+        elif item.lower() in _CUSTOM_FLAGS:
+            flags.add(item.lower())
+        else:
+            raise ShapeError(f"custom shape {spec!r}: unknown flag {item!r} (flags: {sorted(_CUSTOM_FLAGS)})")
+    missing = [k for k in ("B", "T", "HQ", "H") if k not in vals]
+    if "D" not in vals and not ("K" in vals and "V" in vals):
+        missing.append("D (or K and V)")
+    if missing:
+        raise ShapeError(f"custom shape {spec!r}: missing {', '.join(missing)}")
+    dtypes = [d for d in DTYPES if d in flags]
+    if len(dtypes) > 1:
+        raise ShapeError(f"custom shape {spec!r}: more than one dtype flag {dtypes}")
+    return Shape(
+        name=name, B=vals["B"], T=vals["T"], HQ=vals["HQ"], H=vals["H"],
+        K=vals.get("K", vals.get("D")), V=vals.get("V", vals.get("D")), W=vals.get("W"),
+        gated="gated" in flags, varlen="varlen" in flags, nseq=vals.get("N", 0), seed=vals.get("SEED", 0),
+        dtype=dtypes[0] if dtypes else "bf16", group="custom",
+    ).validate()

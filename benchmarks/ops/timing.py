@@ -1,0 +1,137 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Timing: CUDA events with an L2 flush before every iteration, interleaved candidates, summary statistics.
+
+On a machine without CUDA (the `--smoke` self-test) the same code times with time.perf_counter; such numbers
+are labelled as not performance numbers by the runner.
+"""
+
+import math
+import statistics
+import time
+from typing import Callable, Dict, List
+
+import torch
+
+FLUSH_BYTES = 256 * 1024 * 1024
+
+
+class Timer:
+    """Times zero-argument callables; one instance per run (holds the flush buffer)."""
+
+    def __init__(self, device: torch.device, flush_bytes: int = FLUSH_BYTES, warmup_calls=(3, 25)):
+        self.cuda = device.type == "cuda"
+        self.min_calls, self.max_calls = warmup_calls
+        self.kind = "cuda-events+l2-flush" if self.cuda else "perf_counter (CPU interpreter; NOT a performance number)"
+        self.flush_buf = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device) if self.cuda else None
+
+    def flush(self) -> None:
+        if self.flush_buf is not None:
+            self.flush_buf.fill_(0x5A5A)  # a 256 MB write evicts the 60 MB L2
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def block(self, fn: Callable, iters: int) -> List[float]:
+        """`iters` timed calls of fn, each after an L2 flush; returns microseconds per call."""
+        if not self.cuda:
+            out = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for i in range(iters):
+            self.flush()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+
+    def warmup(self, fn: Callable, tol: float = 0.05) -> int:
+        """Call fn until compilation/autotuning is settled: the first call (JIT, autotune) is never counted;
+        then at least `min_calls` calls and until two consecutive single-call timings agree within `tol`."""
+        min_calls, max_calls = self.min_calls, self.max_calls
+        fn()
+        self.sync()
+        prev, n = None, 1
+        while n < max_calls:
+            t = statistics.median(self.block(fn, 1))
+            n += 1
+            if n > min_calls and prev is not None and abs(t - prev) <= tol * max(prev, 1e-9):
+                break
+            prev = t
+        return n
+
+
+def interleaved(timer: Timer, cands: Dict[str, Callable], rounds: int, iters: int, progress=None) -> Dict:
+    """Time every candidate in `rounds` independent rounds. A round times the candidates in order, then in
+    reverse order (iters calls each per pass), so slow drift cancels. Returns {name: [[samples of round r]]}."""
+    names = list(cands)
+    per_round = {n: [] for n in names}
+    for _ in range(rounds):
+        got = {n: [] for n in names}
+        for order in (names, names[::-1]):
+            for n in order:
+                got[n] += timer.block(cands[n], iters)
+        for n in names:
+            per_round[n].append(got[n])
+        if progress is not None:
+            progress()
+    return per_round
+
+
+def percentile(xs: List[float], p: float) -> float:
+    """Linear-interpolated percentile, p in [0, 100]."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * p / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(samples: List[float]) -> dict:
+    return {
+        "n": len(samples),
+        "median_us": statistics.median(samples),
+        "mean_us": statistics.fmean(samples),
+        "std_us": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+        "min_us": min(samples),
+        "p10_us": percentile(samples, 10),
+        "p20_us": percentile(samples, 20),
+        "p80_us": percentile(samples, 80),
+        "p90_us": percentile(samples, 90),
+    }
+
+
+def ratio_stats(ratios: List[float]) -> dict:
+    """Median ratio and its spread over independent comparisons."""
+    r = [x for x in ratios if x == x and x > 0]
+    if not r:
+        return {"n": 0, "median": None}
+    return {
+        "n": len(r), "median": statistics.median(r), "min": min(r), "max": max(r),
+        "p20": percentile(r, 20), "p80": percentile(r, 80), "ratios": r,
+    }
+
+
+def geomean(xs: List[float]) -> float:
+    xs = [x for x in xs if x and x > 0 and x == x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def wall_median_us(fn: Callable, sync: Callable, calls: int, repeats: int) -> List[float]:
+    """Wall-clock per-call microseconds: `repeats` times, `calls` calls then one sync (FA3/JAX methodology)."""
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = None
+        for _ in range(calls):
+            res = fn()
+        sync(res)
+        out.append((time.perf_counter() - t0) * 1e6 / calls)
+    return out
