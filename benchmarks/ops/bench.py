@@ -26,26 +26,32 @@ class Settings:
     repeats: int
     iters: int
     fa3_calls: int
-    overhead: bool
+    overhead: Optional[str]  # None, "all" or comma-separated shape names
     report_ratios: bool  # False on a red gate: no speedup is computed or stored
     force_peers: bool = False  # time peers on rows marked peers=False too
 
 
 class Budget:
-    """Soft limit: no more peer set-ups (compiles are the slow part); hard limit: no more shapes."""
+    """Past `total_s` no further shape starts. A peer is set up only while the time left after it still covers
+    `reserve_s` for each shape not yet started (so the cheap A/B-only rows at the end still run), and never past
+    `peers_s` (default: total). Zero means no limit. The clock starts at `t0` (the process start: the gate counts)."""
 
-    def __init__(self, seconds: float):
-        self.t0, self.soft = time.time(), seconds
-        self.hard = seconds * 1.15 if seconds else 0.0
+    def __init__(self, total_s: float, peers_s: Optional[float] = None, t0: Optional[float] = None,
+                 reserve_s: float = 6.0):
+        self.t0, self.total = (t0 or time.time()), total_s
+        self.soft = total_s if peers_s is None else peers_s
+        self.reserve_s, self.remaining = reserve_s, 0
 
     def elapsed(self) -> float:
         return time.time() - self.t0
 
     def peers_ok(self) -> bool:
-        return not self.soft or self.elapsed() < self.soft
+        if not self.soft:
+            return True
+        return self.elapsed() < self.soft and self.elapsed() + self.reserve_s * self.remaining < (self.total or 1e18)
 
     def shapes_ok(self) -> bool:
-        return not self.hard or self.elapsed() < self.hard
+        return not self.total or self.elapsed() < self.total
 
 
 def _free(device):
@@ -73,9 +79,13 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
     do = torch.randn(inputs["q"].shape[:-1] + (shape.V,), generator=gen).to(device, inputs["q"].dtype)
     rec = {"shape": shape.as_dict(), "flops": {m: shape.flops(m) for m in st.modes}, "modes": {},
            "skipped_peers": {}, "errors": {}}
-    peers = st.peers if (shape.peers or st.force_peers) else ()
-    if st.peers and not peers:
-        rec["skipped_peers"]["*"] = "control row: peers not timed (use --force-peers)"
+    if st.force_peers or shape.peers is True:
+        peers = st.peers
+    else:
+        peers = tuple(p for p in st.peers if shape.peers and p in shape.peers)
+    for p in st.peers:
+        if p not in peers:
+            rec["skipped_peers"][p] = "not timed on this row by the registry (--force-peers times it)"
     for mode in st.modes:
         t_mode = time.time()
         cands = [C.ours(op_fn, op.call, inputs, shape, do, "auto" if st.ab else None)]
@@ -85,7 +95,7 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
         for p in peers:
             why = P.unavailable(p) or P.unsupported(p, shape)
             if why is None and not budget.peers_ok():
-                why = f"time budget ({budget.soft:.0f} s) spent before this row"
+                why = f"time budget: {budget.elapsed():.0f} s of {budget.total or budget.soft:.0f} s spent"
             if why is not None:
                 rec["skipped_peers"][p] = why
             elif p == "fa3":
@@ -149,7 +159,7 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
                 del fn
                 c.release()
                 _free(device)
-            if st.overhead:
+            if st.overhead and (st.overhead == "all" or shape.name in st.overhead.split(",")):
                 for c in cands[: 2 if st.ab else 1]:
                     try:
                         res["candidates"][c.name]["overhead"] = host_overhead(lambda c=c, m=mode: c.build(m))

@@ -77,8 +77,7 @@ def _flex_candidate(shape, inputs, do) -> Candidate:
                  block_mask=block_mask, enable_gqa=gqa)
         return o.transpose(1, 2)
 
-    name = "flex-gated" if g is not None else "flex"
-    return Candidate(name=name, forward=forward, leaves=_leaves(inputs), do=do, state={"block_mask": block_mask})
+    return Candidate(name="flex", forward=forward, leaves=_leaves(inputs), do=do, state={"block_mask": block_mask})
 
 
 # ---------------------------------------------------------------- SDPA

@@ -110,30 +110,33 @@ def _s(name, B, T, HQ, H, D, **kw):
     return Shape(name=name, B=B, T=T, HQ=HQ, H=H, K=K, V=V, **kw)
 
 
-# Ordered by priority: a run that hits its time budget drops rows from the end.
+# Ordered by priority: the peer budget stops setting up peers on later rows, and the total budget drops rows from the
+# end. `peers`: True (every peer asked for), False (A/B only), or the tuple of peers worth timing on that row.
+_CHEAP = ("sdpa-cudnn", "sdpa-fa2", "fa3")  # no compile step
 SHAPES = [
-    # headline dense GQA (anchor names)
+    # headline dense GQA and the llama rows (anchor names)
     _s("g8-T8192", 1, 8192, 32, 4, 128),
     _s("g8-T4096", 1, 4096, 32, 4, 128),
     _s("g4-T2048-D64", 2, 2048, 32, 8, 64),
+    _s("gqa4-long", 2, 2048, 32, 8, 128, group="llama"),
+    _s("gqa4-short", 4, 512, 32, 8, 128, group="llama"),
+    _s("mha-long", 2, 2048, 32, 32, 128, group="llama"),
+    _s("mha-short", 4, 512, 32, 32, 128, group="llama"),
     # sliding-window GQA
     _s("g8-T8192-W512", 1, 8192, 32, 4, 128, W=512, group="window"),
     _s("g8-T16384-W256", 1, 16384, 32, 4, 128, W=256, group="window"),
-    _s("g8-T8192-W256", 1, 8192, 32, 4, 128, W=256, group="window"),
-    _s("g8-T16384-W512", 1, 16384, 32, 4, 128, W=512, group="window"),
-    # gated unequal-length packed varlen GQA
-    _s("varlen-gated-8192", 1, 8192, 32, 4, 128, gated=True, varlen=True, seed=8192, group="varlen"),
-    _s("varlen-gated-16384", 1, 16384, 32, 4, 128, gated=True, varlen=True, seed=16384, group="varlen"),
     # gated dense twins (anchor rows for fla-0.6 and flex-gated; "gated costs at most 1.15x ungated")
     _s("g8-T8192-gated", 1, 8192, 32, 4, 128, gated=True, group="gated"),
     _s("gqa4-long-gated", 2, 2048, 32, 8, 128, gated=True, group="gated"),
-    # llama rows
-    _s("mha-short", 4, 512, 32, 32, 128, group="llama"),
-    _s("mha-long", 2, 2048, 32, 32, 128, group="llama"),
-    _s("mha-short-fp16", 4, 512, 32, 32, 128, dtype="fp16", group="llama"),
-    _s("mha-long-fp16", 2, 2048, 32, 32, 128, dtype="fp16", group="llama"),
-    _s("gqa4-short", 4, 512, 32, 8, 128, group="llama"),
-    _s("gqa4-long", 2, 2048, 32, 8, 128, group="llama"),
+    # gated unequal-length packed varlen GQA
+    _s("varlen-gated-8192", 1, 8192, 32, 4, 128, gated=True, varlen=True, seed=8192, group="varlen"),
+    _s("varlen-gated-16384", 1, 16384, 32, 4, 128, gated=True, varlen=True, seed=16384, group="varlen"),
+    # the other two windows (no anchors)
+    _s("g8-T8192-W256", 1, 8192, 32, 4, 128, W=256, group="window", peers=("fla", "fa3")),
+    _s("g8-T16384-W512", 1, 16384, 32, 4, 128, W=512, group="window", peers=("fla", "fa3")),
+    # llama rows in fp16
+    _s("mha-short-fp16", 4, 512, 32, 32, 128, dtype="fp16", group="llama", peers=_CHEAP),
+    _s("mha-long-fp16", 2, 2048, 32, 32, 128, dtype="fp16", group="llama", peers=_CHEAP),
     # breadth: G = 2, 4, 8 x D = 64, 128 at B2 T2048 HQ32 (G4 rows are g4-T2048-D64 and gqa4-long above)
     _s("g2-T2048-D64", 2, 2048, 32, 16, 64, group="breadth", peers=False),
     _s("g2-T2048-D128", 2, 2048, 32, 16, 128, group="breadth", peers=False),
@@ -197,6 +200,6 @@ def listing() -> str:
     lines.append("shapes (name, group, default modes, description):")
     for s in SHAPES + SMOKE_SHAPES:
         extra = f"  -- {s.note}" if s.note else ""
-        peers = "" if s.peers else " [no peers]"
+        peers = "" if s.peers is True else " [no peers]" if not s.peers else f" [peers: {','.join(s.peers)}]"
         lines.append(f"  {s.name:<24} {s.group:<9} {','.join(s.modes):<11} {s.describe()}{peers}{extra}")
     return "\n".join(lines)

@@ -10,11 +10,14 @@
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
 from .registry import SMOKE_SHAPES, get_op, listing, select_shapes
 from .shapes import MODES, ShapeError, parse_custom
+
+T_START = time.time()  # the time budget counts from here: the gate is part of it
 
 EXIT_USAGE, EXIT_GATE_RED, EXIT_OP_FAILED = 2, 3, 4
 
@@ -46,9 +49,13 @@ def parse_args(argv):
     p.add_argument("--gate-only", action="store_true", help="run the correctness gate and exit with its status")
     p.add_argument("--gate-file", default=None, help="override the op's gating test file")
     p.add_argument("--gate-timeout", type=float, default=420.0, help="seconds before the gate counts as red")
-    p.add_argument("--overhead", action="store_true", help="host overhead: wall time vs CUDA-graph replay")
+    p.add_argument("--overhead", nargs="?", const="all", default=None, metavar="SHAPES",
+                   help="host overhead (wall time vs CUDA-graph replay) on all shapes or the listed ones")
     p.add_argument("--budget-s", type=float, default=0.0,
-                   help="soft time budget: past it no more peers are set up; past 1.15x no more shapes")
+                   help="time budget in seconds (0: none): past it no further shape starts")
+    p.add_argument("--peer-budget-s", type=float, default=None,
+                   help="past this many seconds no further peer is set up (default: --budget-s, less a reserve "
+                        "of 6 s per shape still to run)")
     return p.parse_args(argv)
 
 
@@ -82,6 +89,11 @@ def resolve(args):
         raise UsageError(f"unknown peer(s) {bad}; peers are {', '.join(PEERS)}")
     for s in shapes:
         op.check(s)
+    if args.overhead not in (None, "all"):
+        names = [x.strip() for x in args.overhead.split(",")]
+        missing = [x for x in names if x not in {s.name for s in shapes}]
+        if missing:
+            raise UsageError(f"--overhead names shapes not in this run: {missing}")
     return op, shapes, peers
 
 
@@ -149,7 +161,7 @@ def main(argv=None) -> int:
     smoke = args.smoke
     timer = Timer(device, warmup_calls=(1, 2) if smoke else (3, 25))
     st = bench.Settings(modes=(), ab=args.ab, peers=peers, repeats=args.repeats, iters=args.iters,
-                        fa3_calls=args.fa3_calls, overhead=args.overhead and cuda,
+                        fa3_calls=args.fa3_calls, overhead=args.overhead if cuda else None,
                         report_ratios=gate["status"] != "red", force_peers=args.force_peers)
     data = {"schema": "fla_bwd-bench/1", "op": op.name, "smoke": smoke, "timer": timer.kind, "gate": gate,
             "env": runinfo.environment(), "settings": {k: v for k, v in vars(args).items()}, "peers": list(peers),
@@ -158,12 +170,13 @@ def main(argv=None) -> int:
         print("SMOKE RUN: timings below are interpreter/CPU self-test numbers, NOT a performance number", flush=True)
     print(f"{len(shapes)} shapes, peers: {', '.join(peers) or 'none'}, A/B: {args.ab}, timer: {timer.kind}",
           flush=True)
-    budget = bench.Budget(args.budget_s)
+    budget = bench.Budget(args.budget_s, args.peer_budget_s, t0=T_START)
     tick, close = progress_bar(sum(len(s.modes) for s in shapes))
     failed = False
-    for shape in shapes:
+    for i, shape in enumerate(shapes):
+        budget.remaining = len(shapes) - i - 1
         if not budget.shapes_ok():
-            data["skipped_shapes"][shape.name] = f"time budget {budget.hard:.0f} s spent"
+            data["skipped_shapes"][shape.name] = f"time budget {budget.total:.0f} s spent"
             print(f"  {shape.name}: skipped (time budget)", flush=True)
             continue
         print(f"-> {shape.name}: {shape.describe()} modes={','.join(shape.modes)} t={budget.elapsed():.0f}s",
@@ -172,6 +185,11 @@ def main(argv=None) -> int:
         try:
             rec = bench.measure_shape(op, shape, st, timer, device, budget,
                                       log=lambda s: print(s, flush=True), tick=tick)
+        except KeyboardInterrupt:  # `timeout -s INT`: keep what was measured, still print the tables
+            print(f"  interrupted during {shape.name}: stopping, summarising what was measured", flush=True)
+            for rest in shapes[i:]:
+                data["skipped_shapes"][rest.name] = "interrupted"
+            break
         except Exception as e:
             from .candidates import one_line
 
@@ -194,8 +212,15 @@ def main(argv=None) -> int:
     return EXIT_OP_FAILED if failed else 0
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def cli() -> int:
     t0 = time.time()
+    # `timeout` sends SIGTERM/SIGINT; a job started in the background may have inherited SIGINT ignored
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         code = main()
     except (ShapeError, UsageError) as e:

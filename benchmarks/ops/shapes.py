@@ -34,7 +34,7 @@ class Shape:
     seed: int = 0
     modes: tuple = ("bwd", "fwdbwd")
     group: str = "headline"
-    peers: bool = True  # time the peers on this row (controls only run the A/B)
+    peers: object = True  # True: every peer asked for; False: none (A/B only); a tuple: only these peers
     note: str = ""
     tags: tuple = field(default_factory=tuple)
 

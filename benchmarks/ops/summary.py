@@ -59,7 +59,9 @@ def checks(records, modes) -> list:
 
 
 def _fmt(x, spec="{:.1f}", none="-"):
-    return none if x is None else spec.format(x)
+    if x is None:
+        return none
+    return spec.format(x) if abs(x) >= 1 or x == 0 else f"{x:.3g}"
 
 
 def peer_names(records, mode):
@@ -139,12 +141,15 @@ def geomean_lines(data: dict, mode: str) -> list:
     return out
 
 
-def render(data: dict, mode: str, markdown: bool = False) -> str:
+def render(data: dict, mode: str, markdown: bool = False, with_banner: bool = True) -> str:
     head, body = rows(data, mode)
-    table = md_table(head, body) if markdown else text_table(head, body)
-    parts = banner(data) + [f"== {mode} ({'backward alone' if mode == 'bwd' else mode}) =="]
-    parts.append(table)
-    parts += geomean_lines(data, mode)
+    title = f"{mode} ({ {'bwd': 'backward alone', 'fwdbwd': 'forward and backward'}.get(mode, 'forward')})"
+    parts = banner(data) if with_banner else []
+    if markdown:
+        parts += [f"## {title}", md_table(head, body)]
+        parts += ["\n".join(f"- {x}" for x in geomean_lines(data, mode))]
+    else:
+        parts += [f"== {title} ==", text_table(head, body)] + geomean_lines(data, mode)
     skipped = {}
     for r in data.get("results", []):
         for p, why in r.get("skipped_peers", {}).items():
