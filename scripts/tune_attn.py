@@ -36,17 +36,19 @@ SHAPES = {  # name: (B, T, HQ, H, D, W, gated)
 # Tile-config variants: {kernel: overrides}. "base" is whatever parallel._config returns today.
 VARIANTS = {
     "base": {},
-    "dkv128": {"dkv": dict(BT=128, BS=64, num_warps=8, num_stages=2)},
-    "dkv128s32": {"dkv": dict(BT=128, BS=32, num_warps=8, num_stages=2)},
-    "dkv64w8": {"dkv": dict(BT=64, BS=64, num_warps=8, num_stages=2)},
-    "dkv64s3": {"dkv": dict(BT=64, BS=64, num_warps=4, num_stages=3)},
-    "dq128": {"dq": dict(BT=128, BS=64, num_warps=8, num_stages=2)},
-    "dq128s32": {"dq": dict(BT=128, BS=32, num_warps=8, num_stages=2)},
-    "dq64w8": {"dq": dict(BT=64, BS=64, num_warps=8, num_stages=2)},
-    "dqs3": {"dq": dict(BT=64, BS=64, num_warps=4, num_stages=3)},
-    "fwd128w4": {"fwd": dict(BT=128, BS=64, num_warps=4, num_stages=2)},
-    "fwds3": {"fwd": dict(BT=128, BS=64, num_warps=8, num_stages=3)},
-    "fwd128s128": {"fwd": dict(BT=128, BS=128, num_warps=8, num_stages=2)},
+    "dkv128s64w8": {"dkv": dict(BT=128, BS=64, num_warps=8, num_stages=2)},
+    "dkv128s32w8": {"dkv": dict(BT=128, BS=32, num_warps=8, num_stages=2)},
+    "dkv64s64w8": {"dkv": dict(BT=64, BS=64, num_warps=8, num_stages=2)},
+    "dkv64s32w4": {"dkv": dict(BT=64, BS=32, num_warps=4, num_stages=2)},
+    "dkv64s64st3": {"dkv": dict(BT=64, BS=64, num_warps=4, num_stages=3)},
+    "dkv32s64w4": {"dkv": dict(BT=32, BS=64, num_warps=4, num_stages=2)},
+    "dq128s64w8": {"dq": dict(BT=128, BS=64, num_warps=8, num_stages=2)},
+    "dq128s32w8": {"dq": dict(BT=128, BS=32, num_warps=8, num_stages=2)},
+    "dq64s64w8": {"dq": dict(BT=64, BS=64, num_warps=8, num_stages=2)},
+    "dq64s64st3": {"dq": dict(BT=64, BS=64, num_warps=4, num_stages=3)},
+    "fwd128s64w4": {"fwd": dict(BT=128, BS=64, num_warps=4, num_stages=2)},
+    "fwd128s64st3": {"fwd": dict(BT=128, BS=64, num_warps=8, num_stages=3)},
+    "fwd128s128w8": {"fwd": dict(BT=128, BS=128, num_warps=8, num_stages=2)},
 }
 
 _base_config = P._config

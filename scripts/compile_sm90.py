@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Compile the attention kernels for sm_90 on a machine with no GPU and report registers, spills and shared
+memory per config (ptxas -v). Catches GPU-only compile errors before a device call, and answers "does this
+config spill" without spending device time.
+
+    python scripts/compile_sm90.py                     # every kernel at the configs the launchers use
+    python scripts/compile_sm90.py --dkv BT=128,BS=64,num_warps=8
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import fla_bwd.ops.attn.parallel as P
+
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
+
+
+def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
+    """`triton.compile` for sm_90 from Python-level launch arguments (tensors only give their dtype)."""
+    fn, args = kernel, dict(args)
+    while not isinstance(fn, triton.runtime.jit.JITFunction):  # unwrap @triton.heuristics
+        for name, rule in getattr(fn, "values", {}).items():
+            args[name] = rule(args)
+        fn = fn.fn
+    signature, constexprs = {}, {}
+    for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
+        value = args[name]
+        if param.is_constexpr or value is None:
+            signature[name], constexprs[(i,)] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + TYPES[value.dtype]
+        else:
+            signature[name] = "fp32" if isinstance(value, float) else "i32"
+    return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def resource_report(compiled) -> str:
+    """Registers, spills and shared memory of the cubin Triton built, read with the cuobjdump Triton ships."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        out = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", out)
+    stack = re.search(r"STACK:(\d+)", out)
+    local = re.search(r"LOCAL:(\d+)", out)
+    if not regs:
+        return f"cuobjdump gave no resource line: {out.strip()[:200]}"
+    return (f"regs {regs.group(1):>3s}  stack {stack.group(1) if stack else '?'} B  local {local.group(1) if local else '?'} B"
+            f"  smem {compiled.metadata.shared} B")
+
+
+def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
+    """(name, kernel, launch args, launcher config key) at head dim D, G = 8."""
+    t = lambda dt=dtype: torch.empty(1, dtype=dt)
+    f32 = torch.float32
+    dims = dict(HQ=32, H=4, G=8, K=D, V=D, BK=max(16, triton.next_power_of_2(D)), BV=max(16, triton.next_power_of_2(D)),
+                DOT_PREC="ieee" if dtype == f32 else "tf32")
+    gate, sk = (t(f32) if gated else None), (t(f32) if sink else None)
+    base = dict(q=t(), k=t(), v=t(), lse=t(f32), g_cumsum=gate, cu_seqlens=None, chunk_indices=None, scale=0.1,
+                T=100, W=100, NTOK=100, B=1, **dims)
+    dkv = dict(base, do=t(), dG=gate, dsink_partial=sk, delta=t(f32), sink_bias=sk)
+    return [
+        ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
+        ("dq", P.parallel_attn_bwd_kernel_dq, dict(base, do=t(), dq=t(), delta=t(f32), REFINE_DELTA=gated or sink), "dq"),
+        ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
+        ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t()), "dkv"),
+    ]
+
+
+def parse_override(text):
+    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))} if text else {}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--plain", action="store_true", help="no gate and no sink (default: both)")
+    for k in ("fwd", "dq", "dkv"):
+        ap.add_argument(f"--{k}", default="", help="override, e.g. BT=128,BS=64,num_warps=8,num_stages=2")
+    args = ap.parse_args()
+    os.environ.pop("TRITON_INTERPRET", None)
+    for D in map(int, args.dims.split(",")):
+        for name, kernel, launch, key in kernels(D, gated=not args.plain, sink=not args.plain):
+            cfg = dict(P._config(key, D), **parse_override(getattr(args, key)))
+            nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
+            c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
+            print(f"D={D:3d} {name:20s} {cfg} warps={nw} stages={ns}: {resource_report(c)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
