@@ -100,9 +100,9 @@ def plot(data: dict, path: str, anchors: dict = None) -> bool:
                edgecolor="black" if label == OURS else None, linewidth=0.8)
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels(shapes, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("backward TFLOP/s (2.5 x forward FLOPs, exact causal/window/varlen pairs)")
+    ax.set_ylabel("TFLOP/s, backward alone")
     env = data.get("env", {})
-    title = f"Backward alone, {env.get('gpu') or 'CPU'}"
+    title = f"Backward alone on {env.get('gpu') or 'CPU'} (FLOPs = 2.5 x forward, visible pairs counted exactly)"
     if data.get("smoke"):
         title += " - SMOKE RUN, NOT A PERFORMANCE NUMBER"
     ax.set_title(title, fontsize=10)

@@ -13,8 +13,8 @@ from typing import Optional
 import torch
 
 from .candidates import Candidate, one_line
+from .shapes import PEERS  # noqa: F401 - re-exported
 
-PEERS = ("flex", "sdpa-cudnn", "sdpa-fa2", "fla", "fa3")
 _import_errors: dict = {}
 
 
@@ -23,12 +23,25 @@ def _leaves(inputs):
 
 
 # ---------------------------------------------------------------- FlexAttention
-_flex_fn = None
+_flex_fns: dict = {}
 
 
-def _flex():
-    global _flex_fn
-    if _flex_fn is None:
+def _gated_flex(q, k, v, g, block_mask, enable_gqa):
+    """Flex with the forget gate as a score_mod; compiled whole, so the closure is built inside the graph."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    gq = g.float().cumsum(1).transpose(1, 2)  # [B, HQ, T]; differences within a sequence only
+    gk = gq.clone()  # flex refuses two indexings of one grad-requiring buffer
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + gq[b, h, q_idx] - gk[b, h, kv_idx]
+
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+def _flex(gated: bool):
+    """torch.compile(dynamic=False) of flex_attention (or of the gated wrapper); one graph per shape."""
+    if gated not in _flex_fns:
         import torch._dynamo
         from torch.nn.attention.flex_attention import flex_attention
 
@@ -36,9 +49,9 @@ def _flex():
         for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
                     "accumulated_recompile_limit"):
             if hasattr(torch._dynamo.config, key):
-                setattr(torch._dynamo.config, key, 4096)
-        _flex_fn = torch.compile(flex_attention, dynamic=False)
-    return _flex_fn
+                setattr(torch._dynamo.config, key, max(getattr(torch._dynamo.config, key), 256))
+        _flex_fns[gated] = torch.compile(_gated_flex if gated else flex_attention, dynamic=False)
+    return _flex_fns[gated]
 
 
 def _flex_candidate(shape, inputs, do) -> Candidate:
@@ -51,7 +64,7 @@ def _flex_candidate(shape, inputs, do) -> Candidate:
         cu = inputs["cu_seqlens"].long()
         doc = torch.zeros(T, dtype=torch.int32, device=dev)
         doc[cu[1:-1]] = 1
-        doc = doc.cumsum(0, dtype=torch.int32)
+        doc = doc.cumsum(0, dtype=torch.int32)  # document id of every packed token
 
     def mask_mod(b, h, q_idx, kv_idx):
         m = q_idx >= kv_idx
@@ -62,19 +75,14 @@ def _flex_candidate(shape, inputs, do) -> Candidate:
         return m
 
     block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device=dev)
-    flex = _flex()
-    gqa = shape.G > 1
+    flex, gqa = _flex(g is not None), shape.G > 1
 
     def forward():
-        score_mod = None
-        if g is not None:
-            gq = g.float().cumsum(1).transpose(1, 2)  # [B, HQ, T]; differences within a sequence only
-            gk = gq.clone()  # flex refuses two indexings of one grad-requiring buffer
-
-            def score_mod(score, b, h, q_idx, kv_idx):
-                return score + gq[b, h, q_idx] - gk[b, h, kv_idx]
-        o = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
-                 block_mask=block_mask, enable_gqa=gqa)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if g is None:
+            o = flex(qt, kt, vt, block_mask=block_mask, enable_gqa=gqa)
+        else:
+            o = flex(qt, kt, vt, g, block_mask, gqa)
         return o.transpose(1, 2)
 
     return Candidate(name="flex", forward=forward, leaves=_leaves(inputs), do=do, state={"block_mask": block_mask})
@@ -130,17 +138,46 @@ def unavailable(peer: str) -> Optional[str]:
             from fla.ops.attn.parallel import parallel_attn  # noqa: F401
         elif peer == "fa3":
             os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-            import jax
-            from flash_attn3_jax import flash  # noqa: F401
-
-            if not any(d.platform == "gpu" for d in jax.devices()):
-                reason = "JAX sees no GPU"
+            reason = _probe_fa3()
+            if reason is None:
+                from flash_attn3_jax import flash  # noqa: F401
         else:
             reason = f"unknown peer {peer!r}"
     except Exception as e:
         reason = f"not importable ({one_line(e, 120)})"
     _import_errors[peer] = reason
     return reason
+
+
+_FA3_PROBE = """
+import jax, jax.numpy as jnp
+from flash_attn3_jax import flash
+assert any(d.platform == "gpu" for d in jax.devices()), "JAX sees no GPU"
+q = jax.random.normal(jax.random.PRNGKey(0), (1, 256, 2, 128), jnp.float32).astype(jnp.bfloat16)
+cfg = dict(softmax_scale=128 ** -0.5, is_causal=True, window_size=(-1, -1))
+o, lse = jax.jit(lambda q: flash._flash_mha_fwd(q, q, q, **cfg))(q)
+dq, dk, dv = jax.jit(lambda q, o, lse: flash._flash_mha_bwd(o, q, q, q, o, lse, **cfg))(q, o, lse)
+jax.block_until_ready(dv)
+print("fa3-ok")
+"""
+
+
+def _probe_fa3(timeout_s: float = 120.0) -> Optional[str]:
+    """Run a tiny FA3 forward and backward in a subprocess first: a JAX/CUDA clash or a crash there costs a
+    skipped peer, not this process."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _FA3_PROBE], env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"probe timed out after {timeout_s:.0f} s"
+    if proc.returncode == 0 and "fa3-ok" in proc.stdout:
+        return None
+    lines = [x for x in (proc.stderr + proc.stdout).strip().splitlines() if x.strip()]
+    return f"probe failed (exit {proc.returncode}): {lines[-1][:200] if lines else 'no output'}"
 
 
 def unsupported(peer: str, shape) -> Optional[str]:

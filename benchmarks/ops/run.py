@@ -15,7 +15,7 @@ import sys
 import time
 
 from .registry import SMOKE_SHAPES, get_op, listing, select_shapes
-from .shapes import MODES, ShapeError, parse_custom
+from .shapes import MODES, PEERS, ShapeError, parse_custom
 
 T_START = time.time()  # the time budget counts from here: the gate is part of it
 
@@ -80,8 +80,6 @@ def resolve(args):
         if bad or not modes:
             raise UsageError(f"unknown mode(s) {bad}; modes are {', '.join(MODES)}")
         shapes = [s.with_modes(modes) for s in shapes]
-    from .peers import PEERS
-
     peers = () if args.peers in ("", "none") else PEERS if args.peers == "all" else tuple(
         x.strip() for x in args.peers.split(","))
     bad = [x for x in peers if x not in PEERS]
@@ -159,7 +157,7 @@ def main(argv=None) -> int:
 
     device = torch.device("cuda" if cuda else "cpu")
     smoke = args.smoke
-    timer = Timer(device, warmup_calls=(1, 2) if smoke else (3, 25))
+    timer = Timer(device, warmup_calls=(1, 1) if smoke else (3, 25))
     st = bench.Settings(modes=(), ab=args.ab, peers=peers, repeats=args.repeats, iters=args.iters,
                         fa3_calls=args.fa3_calls, overhead=args.overhead if cuda else None,
                         report_ratios=gate["status"] != "red", force_peers=args.force_peers)

@@ -9,6 +9,7 @@ from typing import Optional
 
 DTYPES = ("bf16", "fp16", "fp32")
 MODES = ("fwd", "bwd", "fwdbwd")
+PEERS = ("flex", "sdpa-cudnn", "sdpa-fa2", "fla", "fa3")
 # backward FLOPs = 2.5 x forward (the anchors' convention); forward + backward = 3.5 x forward
 MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 

@@ -145,15 +145,14 @@ def render(data: dict, mode: str, markdown: bool = False, with_banner: bool = Tr
     head, body = rows(data, mode)
     title = f"{mode} ({ {'bwd': 'backward alone', 'fwdbwd': 'forward and backward'}.get(mode, 'forward')})"
     parts = banner(data) if with_banner else []
-    if markdown:
-        parts += [f"## {title}", md_table(head, body)]
-        parts += ["\n".join(f"- {x}" for x in geomean_lines(data, mode))]
-    else:
-        parts += [f"== {title} ==", text_table(head, body)] + geomean_lines(data, mode)
     skipped = {}
     for r in data.get("results", []):
         for p, why in r.get("skipped_peers", {}).items():
             skipped.setdefault(p, set()).add(why)
-    if skipped:
-        parts.append("peers skipped: " + "; ".join(f"{p}: {' / '.join(sorted(w))[:300]}" for p, w in skipped.items()))
+    skip_line = "peers skipped: " + "; ".join(f"{p}: {' / '.join(sorted(w))[:300]}" for p, w in skipped.items())
+    notes = ([skip_line] if skipped else []) + geomean_lines(data, mode)
+    if markdown:
+        parts += [f"## {title}", md_table(head, body), "\n".join(f"- {x}" for x in notes)]
+    else:
+        parts += [f"== {title} ==", text_table(head, body)] + notes
     return ("\n\n" if markdown else "\n").join(parts)

@@ -1,0 +1,259 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""The benchmark harness's own tests: registry, FLOP counting, varlen splits, CLI errors, gate, report, smoke run.
+
+Runs on a CPU-only machine (the smoke run goes through Triton's interpreter) in well under a minute.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+from benchmarks.ops import registry, summary, timing  # noqa: E402
+from benchmarks.ops.shapes import (  # noqa: E402
+    Shape,
+    ShapeError,
+    brute_force_pairs,
+    cu_seqlens_list,
+    parse_custom,
+    unequal_split,
+    visible_pairs,
+)
+
+# The anchors' shapes (shared/anchors/README.md): name -> (B, T, HQ, H, D, W)
+ANCHOR_SHAPES = {
+    "mha-short": (4, 512, 32, 32, 128, None), "mha-long": (2, 2048, 32, 32, 128, None),
+    "gqa4-short": (4, 512, 32, 8, 128, None), "gqa4-long": (2, 2048, 32, 8, 128, None),
+    "g8-T4096": (1, 4096, 32, 4, 128, None), "g8-T8192": (1, 8192, 32, 4, 128, None),
+    "g4-T2048-D64": (2, 2048, 32, 8, 64, None), "g8-T8192-W512": (1, 8192, 32, 4, 128, 512),
+    "g8-T16384-W256": (1, 16384, 32, 4, 128, 256), "g8-T8192-gated": (1, 8192, 32, 4, 128, None),
+    "gqa4-long-gated": (2, 2048, 32, 8, 128, None),
+}
+
+
+def run_cli(*args, env_extra=None, timeout=120):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "benchmarks.ops.run", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------ registry and FLOPs
+def test_registry_shapes_valid_and_named_like_anchors():
+    op = registry.get_op("parallel_attn")
+    assert op.gate_file == "tests/ops/test_attn.py"
+    names = [s.name for s in registry.SHAPES]
+    assert len(names) == len(set(names))
+    for s in registry.SHAPES + registry.SMOKE_SHAPES:
+        op.check(s)
+        for spec in op.tensors:
+            assert all(d > 0 for d in spec.shape(s))
+    for name, (B, T, HQ, H, D, W) in ANCHOR_SHAPES.items():
+        s = registry.get_shape(name)
+        assert (s.B, s.T, s.HQ, s.H, s.K, s.V, s.W, s.dtype) == (B, T, HQ, H, D, D, W, "bf16"), name
+    assert registry.get_shape("g8-T8192-gated").gated and not registry.get_shape("g8-T8192").gated
+    groups = {s.group for s in registry.SHAPES}
+    assert {"headline", "window", "varlen", "gated", "llama", "breadth", "control"} <= groups
+    got = {(s.G, s.K) for s in registry.SHAPES if s.group in ("breadth", "headline", "llama") and s.K == s.V}
+    assert {(g, d) for g in (2, 4, 8) for d in (64, 128)} <= got
+
+
+@pytest.mark.parametrize("seqlens,window", [([1], None), ([7], None), ([9], 3), ([5], 5), ([5], 9), ([13], 1),
+                                            ([4, 4], None), ([3, 11, 6], 4), ([16, 1, 9], None)])
+def test_visible_pairs_against_brute_force(seqlens, window):
+    assert sum(visible_pairs(n, window) for n in seqlens) == brute_force_pairs(seqlens, window)
+
+
+def test_flops_match_formula_and_anchor_tflops():
+    for s in [Shape("a", 2, 33, 4, 2, 16, 16), Shape("b", 1, 40, 4, 1, 8, 8, W=7),
+              Shape("c", 1, 50, 6, 3, 16, 16, W=5, varlen=True, nseq=4, seed=2)]:
+        pairs = brute_force_pairs(s.seqlens(), s.W)
+        assert s.pairs() == pairs
+        assert s.fwd_flops() == 4 * s.HQ * s.K * pairs  # 4 * B * HQ * D * pairs (B folded into the pairs)
+        assert s.flops("bwd") == 2.5 * s.fwd_flops() and s.flops("fwdbwd") == 3.5 * s.fwd_flops()
+    assert Shape("kv", 1, 10, 2, 1, 128, 64).fwd_flops() == 2 * 2 * (128 + 64) * 55
+    # the anchors' own numbers (fa3 rows) come back from their times: same FLOP convention
+    for name, us, tflops in (("g8-T8192", 2509.048933333465, 547.8399757846869),
+                             ("g8-T8192-W512", 575.5369999998077, 289.19160450163173),
+                             ("g4-T2048-D64", 416.6483333333323, 206.26816930344987)):
+        got = registry.get_shape(name).flops("bwd") / (us * 1e-6) / 1e12
+        assert abs(got - tflops) < 1e-6 * tflops, name
+
+
+def test_varlen_post_init_valid_unequal_and_seeded():
+    import torch
+
+    op = registry.get_op("parallel_attn")
+    for s in [registry.get_shape("varlen-gated-8192"), registry.get_shape("varlen-gated-16384"),
+              registry.get_shape("smoke-varlen-gated")]:
+        lens = s.seqlens()
+        assert sum(lens) == s.T and all(n > 0 for n in lens) and len(set(lens)) == len(lens) >= 2
+        assert lens == s.seqlens()  # fixed by the seed
+    small = registry.get_shape("smoke-varlen-gated")
+    a = registry.make_inputs(op, small, torch.device("cpu"))
+    b = registry.make_inputs(op, small, torch.device("cpu"))
+    cu = a["cu_seqlens"]
+    assert cu.dtype == torch.int32 and cu.tolist() == cu_seqlens_list(small.seqlens())
+    assert cu[0] == 0 and cu[-1] == small.T and bool((cu[1:] > cu[:-1]).all())
+    assert torch.equal(a["q"], b["q"]) and torch.equal(a["g"], b["g"])
+    assert a["q"].requires_grad and a["g"].dtype == torch.float32 and bool((a["g"] < 0).all())  # logsigmoid
+    assert a["q"].abs().sum() > 0  # never zeros
+    assert unequal_split(8192, 4, 1) != unequal_split(8192, 4, 2)
+    dense = registry.make_inputs(op, registry.get_shape("smoke"), torch.device("cpu"))
+    assert dense["cu_seqlens"] is None and dense["g"] is None
+
+
+def test_custom_shape_parsing():
+    s = parse_custom("B=1,T=1024,HQ=32,H=4,D=128,W=256,gated,varlen")
+    assert (s.B, s.T, s.HQ, s.H, s.K, s.V, s.W, s.gated, s.varlen) == (1, 1024, 32, 4, 128, 128, 256, True, True)
+    assert parse_custom("B=2,T=64,HQ=4,H=4,K=64,V=32,fp16").dtype == "fp16"
+    for bad in ("B=1,T=1024,HQ=32,H=4", "B=1,T=x,HQ=32,H=4,D=8", "B=1,T=8,HQ=6,H=4,D=8", "B=1,,T=8",
+                "B=1,T=8,HQ=4,H=4,D=8,bogus", "Q=1,T=8,HQ=4,H=4,D=8", "B=2,T=64,HQ=4,H=4,D=8,varlen",
+                "B=1,T=8,HQ=4,H=4,D=0", "B=1,T=8,HQ=4,H=4,D=8,fp16,fp32"):
+        with pytest.raises(ShapeError):
+            parse_custom(bad)
+
+
+# ------------------------------------------------------------------ timing and summary helpers
+def test_interleaved_order_and_stats():
+    order = []
+
+    class FakeTimer:
+        def block(self, fn, iters):
+            return [fn() for _ in range(iters)]
+
+    cands = {n: (lambda n=n: order.append(n) or float(len(order))) for n in ("a", "b", "c")}
+    rounds = timing.interleaved(FakeTimer(), cands, rounds=2, iters=1)
+    assert order == ["a", "b", "c", "c", "b", "a"] * 2
+    assert all(len(rounds[n]) == 2 and len(rounds[n][0]) == 2 for n in cands)
+    st = timing.summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert st["median_us"] == 3.0 and st["min_us"] == 1.0 and st["p10_us"] == pytest.approx(1.4)
+    assert timing.ratio_stats([1.1, 0.9, 1.0])["median"] == 1.0
+    assert timing.geomean([2.0, 8.0]) == pytest.approx(4.0)
+
+
+def synthetic(gate="green"):
+    """A run's JSON as the runner writes it, with two shapes, the A/B and two peers (one skipped on a row)."""
+    def cand(us, tf):
+        return {"n": 200, "median_us": us, "mean_us": us, "std_us": 1.0, "min_us": us, "p10_us": us, "p20_us": us,
+                "p80_us": us, "p90_us": us, "tflops": tf, "kernels": {"kernels": 4}, "memory":
+                {"peak_alloc_minus_inputs_MiB": 12.5}}
+    results = []
+    for name, us in (("g8-T8192", 3000.0), ("g8-T8192-gated", 3300.0), ("mha-short", 150.0)):
+        s = registry.get_shape(name)
+        modes = {}
+        for mode in ("bwd", "fwdbwd"):
+            c = {"fla_bwd": cand(us, s.flops(mode) / us / 1e6), "fla_bwd[legacy]": cand(us * 1.2, 1.0),
+                 "flex": cand(us * 1.5, 2.0)}
+            if name != "mha-short":
+                c["fa3"] = cand(us * 0.8, 3.0)
+            m = {"candidates": c, "seconds": 1.0}
+            if gate != "red":
+                m["ab"] = timing.ratio_stats([1.2, 1.19, 1.21, 1.2, 1.22])
+                m["vs"] = {p: timing.ratio_stats([c[p]["median_us"] / us]) for p in c if not p.startswith("fla_")}
+            modes[mode] = m
+        results.append({"shape": s.as_dict(), "modes": modes, "errors": {},
+                        "skipped_peers": {"fa3": "no"} if name == "mha-short" else {}})
+    data = {"op": "parallel_attn", "smoke": False, "timer": "cuda-events+l2-flush", "results": results,
+            "gate": {"status": gate, "skipped": False, "file": "tests/ops/test_attn.py"},
+            "env": {"gpu": "NVIDIA H200", "torch": "2.11"}, "skipped_shapes": {}, "partial": False}
+    data["geomean"] = summary.aggregate(results, ["bwd", "fwdbwd"]) if gate != "red" else {}
+    data["checks"] = summary.checks(results, ["bwd", "fwdbwd"])
+    return data
+
+
+def test_aggregate_and_checks():
+    data = synthetic()
+    g = data["geomean"]["bwd"]
+    assert g["ab"]["all"] == pytest.approx(1.2) and g["ab"]["n"] == 3
+    assert g["vs:flex"]["all"] == pytest.approx(1.5) and g["vs:fa3"]["n"] == 2
+    (chk,) = [c for c in data["checks"] if c["check"].endswith("(bwd)")]
+    assert chk["ratio"] == pytest.approx(1.1) and chk["pass"]
+    text = summary.render(data, "bwd")
+    assert "backward alone" in text and "1.200 [1.190-1.220]" in text and "(1.50x)" in text
+    red = summary.render(synthetic(gate="red"), "bwd")
+    assert "GATE RED" in red and "A/B legacy/auto (dispatch" not in red and "(1.50x)" not in red
+
+
+def test_report_on_synthetic_json(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(synthetic()))
+    anchors = tmp_path / "anchors.jsonl"
+    anchors.write_text(json.dumps({"peer": "sdpa-fa2", "shape": "g8-T8192", "bwd_tflops": 290.0}) + "\n")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "report.py"), str(path), "--out-dir",
+                           str(tmp_path / "out"), "--anchors", str(anchors), "--print-mode", "bwd"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| g8-T8192 |" in md and "## bwd (backward alone)" in md and "NVIDIA H200" in md
+    png = (tmp_path / "out" / "bwd_tflops.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("check gated/ungated")  # bwd table printed last
+    bad = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "report.py"), str(tmp_path / "nope.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "error" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------------ CLI
+@pytest.mark.parametrize("args,needle", [
+    (["--op", "nope"], "unknown op"),
+    (["--shapes", "g8-T8192,nope"], "unknown shape"),
+    (["--shapes", "group:nope"], "unknown shape group"),
+    (["--modes", "bwd,sideways"], "unknown mode"),
+    (["--custom", "B=1,T=1024,HQ=30,H=4,D=128"], "not a multiple"),
+    (["--custom", "B=1,T=1024,HQ=32,D=128"], "missing H"),
+    (["--peers", "flex,nope"], "unknown peer"),
+    (["--ab", "--repeats", "3"], "at least five"),
+    (["--smoke", "--overhead", "g8-T8192"], "--overhead names shapes not in this run"),
+])
+def test_cli_errors_are_clean(args, needle):
+    proc = run_cli(*args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_list_and_no_gpu():
+    proc = run_cli("--list")
+    assert proc.returncode == 0 and "g8-T8192-W512" in proc.stdout and "varlen-gated-8192" in proc.stdout
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the no-GPU error path cannot be exercised here")
+    proc = run_cli("--shapes", "g8-T8192")
+    assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_gate_red_and_green(tmp_path):
+    env = {"TRITON_INTERPRET": "1"}
+    (tmp_path / "test_red.py").write_text("def test_red():\n    assert False\n")
+    (tmp_path / "test_green.py").write_text("def test_green():\n    assert True\n")
+    red = run_cli("--smoke", "--gate-only", "--gate-file", str(tmp_path / "test_red.py"), env_extra=env)
+    assert red.returncode == 3 and "GATE RED" in red.stdout and "NO SPEEDUP" in red.stdout
+    green = run_cli("--smoke", "--gate-only", "--gate-file", str(tmp_path / "test_green.py"), env_extra=env)
+    assert green.returncode == 0 and "gate: GREEN" in green.stdout
+
+
+# ------------------------------------------------------------------ the smoke run (this package's kernels)
+def test_smoke_run(tmp_path):
+    import torch
+
+    out = tmp_path / "smoke.json"
+    env = {} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"}
+    proc = run_cli("--smoke", "--skip-gate", "--ab", "--repeats", "1", "--shapes", "smoke,smoke-varlen-gated",
+                   "--json", str(out), env_extra=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "NOT A PERFORMANCE NUMBER" in proc.stdout and "GATE SKIPPED" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["smoke"] and data["gate"]["skipped"] and not data["partial"]
+    by = {r["shape"]["name"]: r for r in data["results"]}
+    assert set(by["smoke"]["modes"]) == {"fwd", "bwd", "fwdbwd"} and set(by["smoke-varlen-gated"]["modes"]) == {"bwd"}
+    for r in data["results"]:
+        assert not r["errors"], r["errors"]
+        for m in r["modes"].values():
+            assert m["candidates"]["fla_bwd"]["n"] == 2 and m["candidates"]["fla_bwd[legacy]"]["median_us"] > 0
+            assert m["ab"]["n"] == 1
+    assert proc.stdout.rstrip().splitlines()[-2].startswith("geomean bwd")  # the bwd table is printed last
