@@ -7,20 +7,22 @@
 # Installs the carried peer wheels into /tmp/site, runs the correctness gate and every registered shape (bwd and
 # fwdbwd; fwd on the forward control) with the dispatch-vs-legacy A/B and all peers, then writes into $OUT:
 #     summary.json  summary.md  bwd_tflops.png  logs/{run,report,pip,env}.log
-# and prints the backward-alone table last. Finishes in about BENCH_TOTAL_S seconds (default 480) at most.
+# and prints the backward-alone table last. Finishes in about BENCH_TOTAL_S seconds (default 450) at most.
 # Knobs (environment): BENCH_TOTAL_S, GATE_TIMEOUT_S, ITERS, REPEATS, PEERS, SHAPES, OVERHEAD_SHAPES.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
 OUT=${OUT:-$PWD/bench_out}
 mkdir -p "$OUT/logs"
-TOTAL=${BENCH_TOTAL_S:-480}
+TOTAL=${BENCH_TOTAL_S:-450}
 GATE_TIMEOUT=${GATE_TIMEOUT_S:-200}
 ITERS=${ITERS:-10}
 REPEATS=${REPEATS:-5}
 PEERS=${PEERS:-flex,sdpa-cudnn,sdpa-fa2,fla,fa3}
 SHAPES=${SHAPES:-all}
-OVERHEAD_SHAPES=${OVERHEAD_SHAPES:-mha-short,gqa4-short}
+if [ "$SHAPES" = all ]; then OVERHEAD_SHAPES=${OVERHEAD_SHAPES-mha-short,gqa4-short}; else OVERHEAD_SHAPES=${OVERHEAD_SHAPES-}; fi
+OVERHEAD_ARGS=()
+[ -n "$OVERHEAD_SHAPES" ] && OVERHEAD_ARGS=(--overhead "$OVERHEAD_SHAPES")
 PY=${PYTHON:-python3}
 since() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[gpu_run +$(since)s] $*"; }
@@ -57,7 +59,7 @@ BUDGET=$(( LEFT - 60 ))
 say "running the gate and the benchmark: budget ${BUDGET}s, hard stop ${LEFT}s"
 timeout -s TERM -k 20 "$LEFT" $PY -u -m benchmarks.ops.run --op parallel_attn --shapes "$SHAPES" --ab \
   --peers "$PEERS" --repeats "$REPEATS" --iters "$ITERS" --fa3-calls 30 --gate-timeout "$GATE_TIMEOUT" \
-  --budget-s "$BUDGET" --overhead "$OVERHEAD_SHAPES" --json "$OUT/summary.json" 2>&1 | tee "$OUT/logs/run.log"
+  --budget-s "$BUDGET" ${OVERHEAD_ARGS[@]+"${OVERHEAD_ARGS[@]}"} --json "$OUT/summary.json" 2>&1 | tee "$OUT/logs/run.log"
 RC=${PIPESTATUS[0]}
 say "runner exit code $RC (0 ok, 2 usage, 3 gate red, 4 an op error, 124/130 stopped)"
 

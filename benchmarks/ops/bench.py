@@ -70,15 +70,21 @@ def _ratios(per_round, num: str, den: str) -> list:
     return [statistics.median(a) / statistics.median(b) for a, b in zip(per_round[num], per_round[den])]
 
 
-def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=print, tick=None) -> dict:
-    """Returns the shape's record; never raises for a failing peer (its reason is recorded instead)."""
+def new_record(shape, modes) -> dict:
+    return {"shape": shape.as_dict(), "flops": {m: shape.flops(m) for m in modes}, "modes": {}, "skipped_peers": {},
+            "errors": {}}
+
+
+def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=print, tick=None,
+                  rec: Optional[dict] = None) -> dict:
+    """Fills and returns the shape's record (`rec`, so an interrupted caller keeps the finished modes); never
+    raises for a failing peer (its reason is recorded instead)."""
     op.check(shape)
     op_fn = op.load()
     inputs = make_inputs(op, shape, device)
     gen = torch.Generator(device="cpu").manual_seed(shape.seed + 1)
     do = torch.randn(inputs["q"].shape[:-1] + (shape.V,), generator=gen).to(device, inputs["q"].dtype)
-    rec = {"shape": shape.as_dict(), "flops": {m: shape.flops(m) for m in st.modes}, "modes": {},
-           "skipped_peers": {}, "errors": {}}
+    rec = new_record(shape, st.modes) if rec is None else rec
     if st.force_peers or shape.peers is True:
         peers = st.peers
     else:

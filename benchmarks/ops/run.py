@@ -170,7 +170,7 @@ def main(argv=None) -> int:
           flush=True)
     budget = bench.Budget(args.budget_s, args.peer_budget_s, t0=T_START)
     tick, close = progress_bar(sum(len(s.modes) for s in shapes))
-    failed = False
+    failed = interrupted = False
     for i, shape in enumerate(shapes):
         budget.remaining = len(shapes) - i - 1
         if not budget.shapes_ok():
@@ -180,18 +180,23 @@ def main(argv=None) -> int:
         print(f"-> {shape.name}: {shape.describe()} modes={','.join(shape.modes)} t={budget.elapsed():.0f}s",
               flush=True)
         st.modes = shape.modes
+        rec = bench.new_record(shape, shape.modes)
         try:
-            rec = bench.measure_shape(op, shape, st, timer, device, budget,
-                                      log=lambda s: print(s, flush=True), tick=tick)
-        except KeyboardInterrupt:  # `timeout -s INT`: keep what was measured, still print the tables
+            bench.measure_shape(op, shape, st, timer, device, budget, log=lambda s: print(s, flush=True), tick=tick,
+                                rec=rec)
+        except KeyboardInterrupt:  # `timeout -s TERM`: keep what was measured, still print the tables
             print(f"  interrupted during {shape.name}: stopping, summarising what was measured", flush=True)
-            for rest in shapes[i:]:
+            interrupted = True
+            if rec["modes"]:
+                rec["errors"]["interrupted"] = "stopped before every mode ran"
+                data["results"].append(rec)
+            for rest in shapes[i + (1 if rec["modes"] else 0):]:
                 data["skipped_shapes"][rest.name] = "interrupted"
             break
         except Exception as e:
             from .candidates import one_line
 
-            rec = {"shape": shape.as_dict(), "modes": {}, "errors": {"shape": one_line(e, 400)}, "skipped_peers": {}}
+            rec["errors"]["shape"] = one_line(e, 400)
             print(f"  {shape.name}: FAILED {rec['errors']['shape']}", flush=True)
         failed |= bool(rec["errors"])
         data["results"].append(rec)
@@ -207,6 +212,8 @@ def main(argv=None) -> int:
         print("\n" + summary.render(data, mode), flush=True)
     if gate["status"] == "red":
         return EXIT_GATE_RED
+    if interrupted:
+        return 130
     return EXIT_OP_FAILED if failed else 0
 
 
