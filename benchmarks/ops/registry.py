@@ -27,7 +27,7 @@ class OpEntry:
     module: str  # where the callable lives (imported lazily)
     attr: str
     tensors: tuple
-    gate_file: str
+    gate_files: tuple  # pytest files that must pass before any speedup is reported
     constraints: tuple = field(default_factory=tuple)  # callables Shape -> error string or None
     post_init: Optional[Callable] = None  # (shape, inputs dict, device) -> None; adds non-tensor-spec args
     call: Optional[Callable] = None  # (fn, inputs dict, shape) -> output
@@ -72,7 +72,8 @@ OPS = {
             TensorSpec("g", lambda s: (s.B, s.T, s.HQ), dtype="fp32", transform="logsigmoid",
                        when=lambda s: s.gated),
         ),
-        gate_file="tests/ops/test_attn.py",
+        # the op's contract, and the dK/dV "gqa" kernel's and dispatch's contract (what the A/B measures)
+        gate_files=("tests/ops/test_attn.py", "tests/ops/test_attn_gqa.py"),
         constraints=(
             lambda s: None if s.HQ % s.H == 0 else "HQ must be a multiple of H",
             lambda s: None if not s.varlen or s.B == 1 else "packed varlen needs B == 1",
@@ -196,7 +197,7 @@ def select_shapes(spec: Optional[str]) -> list:
 def listing() -> str:
     lines = ["ops:"]
     for op in OPS.values():
-        lines.append(f"  {op.name:<16} {op.module}.{op.attr}  (gate: {op.gate_file})")
+        lines.append(f"  {op.name:<16} {op.module}.{op.attr}  (gate: {' '.join(op.gate_files)})")
     lines.append("shapes (name, group, default modes, description):")
     for s in SHAPES + SMOKE_SHAPES:
         extra = f"  -- {s.note}" if s.note else ""

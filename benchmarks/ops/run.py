@@ -47,7 +47,7 @@ def parse_args(argv):
                    help="tiny shapes; on a CPU-only machine under TRITON_INTERPRET=1 (not a performance number)")
     p.add_argument("--skip-gate", action="store_true", help="do not run the correctness gate (loud warning)")
     p.add_argument("--gate-only", action="store_true", help="run the correctness gate and exit with its status")
-    p.add_argument("--gate-file", default=None, help="override the op's gating test file")
+    p.add_argument("--gate-file", default=None, help="override the op's gating test files (comma-separated)")
     p.add_argument("--gate-timeout", type=float, default=420.0, help="seconds before the gate counts as red")
     p.add_argument("--overhead", nargs="?", const="all", default=None, metavar="SHAPES",
                    help="host overhead (wall time vs CUDA-graph replay) on all shapes or the listed ones")
@@ -149,8 +149,8 @@ def main(argv=None) -> int:
     from . import bench, runinfo, summary
     from .timing import Timer
 
-    gate_file = args.gate_file or op.gate_file
-    gate = runinfo.skipped_gate(gate_file) if args.skip_gate else runinfo.run_gate(gate_file, args.gate_timeout)
+    gate_files = args.gate_file.split(",") if args.gate_file else list(op.gate_files)
+    gate = runinfo.skipped_gate(gate_files) if args.skip_gate else runinfo.run_gate(gate_files, args.gate_timeout)
     runinfo.print_gate(gate)
     if args.gate_only:
         return 0 if gate["status"] == "green" else EXIT_GATE_RED
@@ -207,6 +207,7 @@ def main(argv=None) -> int:
     data["checks"] = summary.checks(data["results"], all_modes)
     data["partial"] = bool(data["skipped_shapes"])
     data["elapsed_s"] = round(budget.elapsed(), 1)
+    data["env"].update(runinfo.peer_versions())
     write_json(args.json, data)
     for mode in sorted(all_modes, key=lambda m: m == "bwd"):  # the backward-alone table prints last
         print("\n" + summary.render(data, mode), flush=True)
@@ -234,6 +235,9 @@ def cli() -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `--list | head`
+        sys.stderr.close()
+        return 0
     print(f"done in {time.time() - t0:.0f} s (exit {code})", flush=True)
     return code
 

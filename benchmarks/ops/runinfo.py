@@ -12,17 +12,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LOUD = "!" * 100
 
 
-def run_gate(test_file: str, timeout_s: float, extra_env: dict = None) -> dict:
-    """`pytest -q -x <file>` in a subprocess from the repository root; green only on exit code 0."""
-    path = test_file if os.path.isabs(test_file) else os.path.join(REPO, test_file)
-    rec = {"file": test_file, "skipped": False, "command": f"{sys.executable} -m pytest -q -x {test_file}"}
-    if not os.path.exists(path):
-        rec.update(status="red", returncode=None, seconds=0.0, tail=f"gate file {test_file} does not exist")
+def run_gate(test_files, timeout_s: float, extra_env: dict = None) -> dict:
+    """`pytest -q -x <files>` in a subprocess from the repository root; green only on exit code 0."""
+    paths = [f if os.path.isabs(f) else os.path.join(REPO, f) for f in test_files]
+    shown = " ".join(test_files)
+    rec = {"file": shown, "skipped": False, "command": f"{sys.executable} -m pytest -q -x {shown}"}
+    missing = [f for f, p in zip(test_files, paths) if not os.path.exists(p)]
+    if missing:
+        rec.update(status="red", returncode=None, seconds=0.0, tail=f"gate file(s) {missing} do not exist")
         return rec
     env = dict(os.environ, **(extra_env or {}))
     t0 = time.time()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path],
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *paths],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
         rec.update(status="green" if proc.returncode == 0 else "red", returncode=proc.returncode, tail="\n".join(tail))
@@ -32,8 +34,8 @@ def run_gate(test_file: str, timeout_s: float, extra_env: dict = None) -> dict:
     return rec
 
 
-def skipped_gate(test_file: str) -> dict:
-    return {"file": test_file, "skipped": True, "status": "skipped", "returncode": None, "seconds": 0.0,
+def skipped_gate(test_files) -> dict:
+    return {"file": " ".join(test_files), "skipped": True, "status": "skipped", "returncode": None, "seconds": 0.0,
             "tail": "gate skipped with --skip-gate: speedups below are NOT gated on correctness"}
 
 
@@ -91,7 +93,11 @@ def environment() -> dict:
         env["driver"] = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) or None
     else:
         env["gpu"] = None
-    for mod in ("fla", "jax", "flash_attn3_jax"):
-        if mod in sys.modules:
-            env[f"{mod}_version"] = getattr(sys.modules[mod], "__version__", None)
+    env.update(peer_versions())
     return env
+
+
+def peer_versions() -> dict:
+    """Versions of the peer packages this process imported (call at the end of a run)."""
+    return {f"{mod}_version": getattr(sys.modules[mod], "__version__", None)
+            for mod in ("fla", "jax", "flash_attn3_jax") if mod in sys.modules}

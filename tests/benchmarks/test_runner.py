@@ -45,7 +45,7 @@ def run_cli(*args, env_extra=None, timeout=120):
 # ------------------------------------------------------------------ registry and FLOPs
 def test_registry_shapes_valid_and_named_like_anchors():
     op = registry.get_op("parallel_attn")
-    assert op.gate_file == "tests/ops/test_attn.py"
+    assert op.gate_files[0] == "tests/ops/test_attn.py"
     names = [s.name for s in registry.SHAPES]
     assert len(names) == len(set(names))
     for s in registry.SHAPES + registry.SMOKE_SHAPES:
