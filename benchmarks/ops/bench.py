@@ -209,4 +209,9 @@ def mode_line(name: str, mode: str, res: dict) -> str:
     for peer, r in res.get("vs", {}).items():
         if r.get("median"):
             s += f" | {peer} {r['median']:.2f}x"
+    ov = ours.get("overhead", {})
+    if "host_overhead_us" in ov:
+        s += f" | wall {ov['wall_us']:.0f} us vs graph {ov['graph_replay_us']:.0f} us"
+    elif "graph_error" in ov:
+        s += f" | graph capture failed: {ov['graph_error'][:80]}"
     return s + f" ({res['seconds']} s)"
