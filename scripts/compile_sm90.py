@@ -57,8 +57,8 @@ def resource_report(compiled) -> str:
     local = re.search(r"LOCAL:(\d+)", out)
     if not regs:
         return f"cuobjdump gave no resource line: {out.strip()[:200]}"
-    return (f"regs {regs.group(1):>3s}  stack {stack.group(1) if stack else '?'} B  local {local.group(1) if local else '?'} B"
-            f"  smem {compiled.metadata.shared} B")
+    stack, local = stack.group(1) if stack else "?", local.group(1) if local else "?"
+    return f"regs {regs.group(1):>3s}  stack {stack} B  local {local} B  smem {compiled.metadata.shared} B"
 
 
 def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
@@ -73,7 +73,8 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
     dkv = dict(base, do=t(), dG=gate, dsink_partial=sk, delta=t(f32), sink_bias=sk)
     return [
         ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
-        ("dq", P.parallel_attn_bwd_kernel_dq, dict(base, do=t(), dq=t(), delta=t(f32), REFINE_DELTA=gated or sink), "dq"),
+        ("dq", P.parallel_attn_bwd_kernel_dq, dict(base, do=t(), dq=t(), delta=t(f32), REFINE_DELTA=gated or sink),
+         "dq"),
         ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
         ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t()), "dkv"),
     ]

@@ -41,7 +41,9 @@ VARIANTS = {
     "dkv64s64w8": {"dkv": dict(BT=64, BS=64, num_warps=8, num_stages=2)},
     "dkv64s32w4": {"dkv": dict(BT=64, BS=32, num_warps=4, num_stages=2)},
     "dkv64s64st3": {"dkv": dict(BT=64, BS=64, num_warps=4, num_stages=3)},
-    "dkv32s64w4": {"dkv": dict(BT=32, BS=64, num_warps=4, num_stages=2)},
+    "dkv32s32w4": {"dkv": dict(BT=32, BS=32, num_warps=4, num_stages=2)},
+    "dkv32s32w2": {"dkv": dict(BT=32, BS=32, num_warps=2, num_stages=2)},
+    "dkv32s16w2": {"dkv": dict(BT=32, BS=16, num_warps=2, num_stages=2)},
     "dq128s64w8": {"dq": dict(BT=128, BS=64, num_warps=8, num_stages=2)},
     "dq128s32w8": {"dq": dict(BT=128, BS=32, num_warps=8, num_stages=2)},
     "dq64s64w8": {"dq": dict(BT=64, BS=64, num_warps=8, num_stages=2)},
@@ -49,14 +51,21 @@ VARIANTS = {
     "fwd128s64w4": {"fwd": dict(BT=128, BS=64, num_warps=4, num_stages=2)},
     "fwd128s64st3": {"fwd": dict(BT=128, BS=64, num_warps=8, num_stages=3)},
     "fwd128s128w8": {"fwd": dict(BT=128, BS=128, num_warps=8, num_stages=2)},
+    "fwd128s64w8": {"fwd": dict(BT=128, BS=64, num_warps=8, num_stages=2)},
+    "norefine": {},
 }
 
 _base_config = P._config
 
 
+_base_dq = P.attn_bwd_dq
+
+
 def use_variant(name):
     over = VARIANTS[name]
     P._config = lambda kernel, D: dict(_base_config(kernel, D), **over.get(kernel, {}))
+    # "norefine": measure what the fp32 delta refinement costs the gated dQ kernel (accuracy drops without it).
+    P.attn_bwd_dq = (lambda *a, refine_delta: _base_dq(*a, refine_delta=False)) if name == "norefine" else _base_dq
 
 
 def make_inputs(B, T, HQ, H, D, gated, dtype=torch.bfloat16, seed=0):

@@ -6,8 +6,11 @@ Positions (`o_t`, `o_s`, `i_t`, `i_s`) are int32 token positions inside one sequ
 an int64 base pointer (`*_base`, already moved to the sequence start and head) plus `position * stride` computed
 in int64, so no address overflows when a tensor passes 2**31 elements.
 
-Scores are kept in base-2 units: `qk_scale = scale * log2(e)` and the gate terms are multiplied by log2(e), so
-the softmax uses `exp2`; the saved log-sum-exp `lse` is in the same base-2 units.
+Scores are kept in base-2 units: `qk_scale = scale * log2(e)`, the gate's cumulative sum G arrives already
+multiplied by log2(e), and the softmax uses `exp2`; the saved log-sum-exp `lse` is in the same base-2 units.
+Each score adds the gate difference (G_i - G_j) as one per-element subtraction of the two fp32 cumsums. Folding
+the row term G_i into lse instead (one op less per element) was tried and rejected: G grows like the sequence
+length (|G| ~ 1e4 at T = 16k), and the fold rounds at that magnitude, while G_i - G_j of nearby tokens is exact.
 
 Every loop over key (forward, dQ) or query (dK/dV) blocks is split in three ranges by the `*_ranges` helpers:
 blocks that need the window mask, blocks every row sees whole (no mask at all), and the causal diagonal. The block
@@ -17,7 +20,7 @@ bodies below are called once per range with `MASK` as a compile-time flag, so th
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -95,8 +98,7 @@ def fwd_block(
     # [BT, BS]
     b_s = tl.dot(b_q, b_kt, input_precision=DOT_PREC) * qk_scale
     if USE_G:
-        b_gk = tl.load(gk_base + o_s, mask=m_s, other=0)
-        b_s += (b_gq[:, None] - b_gk[None, :]) * LOG2E
+        b_s += b_gq[:, None] - tl.load(gk_base + o_s, mask=m_s, other=0)[None, :]
     if MASK:
         b_s = tl.where(visible(o_t, o_s, W), b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
@@ -117,7 +119,8 @@ def dq_block(
     REFINE_DELTA: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
 ):
     """dQ contribution of keys [i_s, i_s + BS): dq += dS @ K, dS = P * (dO @ V^T - delta). Unscaled.
-    With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see the dQ kernel)."""
+    With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see
+    the dQ kernel); dS = P * dP - P * delta shares that product, so the refinement costs one row sum."""
     o_s = i_s + tl.arange(0, BS)
     m_s = o_s < T
     o_k = tl.arange(0, BK)
@@ -131,15 +134,17 @@ def dq_block(
     # [BT, BS]
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
     if USE_G:
-        b_gk = tl.load(gk_base + o_s, mask=m_s, other=0)
-        b_s += (b_gq[:, None] - b_gk[None, :]) * LOG2E
+        b_s += b_gq[:, None] - tl.load(gk_base + o_s, mask=m_s, other=0)[None, :]
     b_p = tl.exp2(b_s - b_lse[:, None])
     if MASK:
         b_p = tl.where(visible(o_t, o_s, W), b_p, 0)
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
-    b_ds = b_p * (b_dp - b_delta[:, None])
     if REFINE_DELTA:
-        b_pdp += tl.sum(b_p * b_dp, 1)
+        b_pdp_tile = b_p * b_dp
+        b_ds = b_pdp_tile - b_p * b_delta[:, None]
+        b_pdp += tl.sum(b_pdp_tile, 1)
+    else:
+        b_ds = b_p * (b_dp - b_delta[:, None])
     return b_dq + tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC), b_pdp
 
 
@@ -167,8 +172,7 @@ def dkv_block(
     # [BT, BS]
     b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC) * qk_scale
     if USE_G:
-        b_gq = tl.load(gq_base + o_t, mask=m_t, other=0)
-        b_st += (b_gq[None, :] - b_gk[:, None]) * LOG2E
+        b_st += tl.load(gq_base + o_t, mask=m_t, other=0)[None, :] - b_gk[:, None]
     b_pt = tl.exp2(b_st - b_lse[None, :])
     if MASK:
         b_pt = tl.where(visible(o_s, o_t, W, KEYS_FIRST=True), b_pt, 0)

@@ -72,7 +72,7 @@ def parallel_attn_fwd_kernel(
     # [BT, BK]
     b_q = tl.load(q_base + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :],
                   mask=m_t[:, None] & (o_k[None, :] < K), other=0)
-    b_gq = 0.0
+    b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
     qk_scale = scale * LOG2E
@@ -157,7 +157,7 @@ def parallel_attn_bwd_kernel_dq(
                    mask=m_t[:, None] & (o_v[None, :] < V), other=0)
     b_lse = tl.load(lse + row_base + o_t, mask=m_t, other=0)
     b_delta = tl.load(delta + row_base + o_t, mask=m_t, other=0)
-    b_gq = 0.0
+    b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
     qk_scale = scale * LOG2E
@@ -309,7 +309,7 @@ def _config(kernel: str, D: int) -> dict:
         return dict(BT=32, BS=16, num_warps=4, num_stages=1)
     large = D > 128
     return {
-        "fwd": dict(BT=64 if large else 128, BS=32 if large else 64, num_warps=8, num_stages=2),
+        "fwd": dict(BT=64 if large else 128, BS=32 if large else 128, num_warps=8, num_stages=2),
         "dq": dict(BT=64, BS=32 if large else 64, num_warps=8 if large else 4, num_stages=2),
         "dkv": dict(BT=64, BS=32 if large else 64, num_warps=8 if large else 4, num_stages=2),
     }[kernel]
@@ -456,7 +456,7 @@ class ParallelAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, sink_bias, scale, W, cu_seqlens):
-        g_cumsum = gate_cumsum(g, cu_seqlens) if g is not None else None
+        g_cumsum = gate_cumsum(g.contiguous(), cu_seqlens) if g is not None else None
         sink = sink_bias.float().contiguous() if sink_bias is not None else None
         o, lse = attn_fwd(q, k, v, g_cumsum, sink, scale, W, cu_seqlens)
         ctx.save_for_backward(q, k, v, o, lse, g_cumsum, sink, cu_seqlens)

@@ -14,9 +14,11 @@ from fla_bwd.utils import empty
 @triton.jit(do_not_specialize=["T"])
 def segment_cumsum_kernel(
     x, y, cu_seqlens, T, stride_x_t, stride_x_h, stride_y_t, stride_y_h,
-    NH: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, REVERSE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    NH: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, REVERSE: tl.constexpr, SCALE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
-    """One program scans one sequence for BH heads, BT tokens at a time, carrying the running fp32 sum."""
+    """One program scans one sequence for BH heads, BT tokens at a time, carrying the running fp32 sum; the
+    output is multiplied by SCALE."""
     i_n, i_hb = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -39,29 +41,33 @@ def segment_cumsum_kernel(
         b_x = tl.load(x + o_tok[:, None] * stride_x_t + o_h[None, :] * stride_x_h, mask=m, other=0).to(tl.float32)
         b_y = tl.cumsum(b_x, axis=0, reverse=REVERSE) + b_carry[None, :]
         b_carry += tl.sum(b_x, axis=0)
-        tl.store(y + o_tok[:, None] * stride_y_t + o_h[None, :] * stride_y_h, b_y.to(y.dtype.element_ty), mask=m)
+        tl.store(y + o_tok[:, None] * stride_y_t + o_h[None, :] * stride_y_h, (b_y * SCALE).to(y.dtype.element_ty),
+                 mask=m)
 
 
-def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse):
+def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse, scale=1.0):
     BH = min(16, triton.next_power_of_2(NH))
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     segment_cumsum_kernel[(N, triton.cdiv(NH, BH))](
         x=x, y=y, cu_seqlens=cu_seqlens, T=T,
         stride_x_t=x_strides[0], stride_x_h=x_strides[1], stride_y_t=y_strides[0], stride_y_h=y_strides[1],
-        NH=NH, BT=64, BH=BH, REVERSE=reverse,
+        NH=NH, BT=64, BH=BH, REVERSE=reverse, SCALE=scale,
     )
     return y
 
 
 def gate_cumsum(g: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> torch.Tensor:
-    """`g` `[B, T, HQ]` -> G = per-sequence cumsum, fp32, in the kernels' head-major layout `[HQ, B * T]`."""
+    """`g` `[B, T, HQ]` -> G * log2(e), G the per-sequence cumsum, fp32, in the kernels' head-major layout
+    `[HQ, B * T]` (base-2 units, as the attention kernels keep their scores)."""
     B, T, HQ = g.shape
     y = empty(HQ, B * T, dtype=torch.float32, device=g.device)
-    return _scan(g, y, cu_seqlens, B, T, HQ, (g.stride(1), g.stride(2)), (1, B * T), reverse=False)
+    return _scan(g, y, cu_seqlens, B, T, HQ, (g.stride(1), g.stride(2)), (1, B * T), reverse=False,
+                 scale=1.4426950408889634)
 
 
 def gate_grad(dG: torch.Tensor, B: int, T: int, cu_seqlens: Optional[torch.Tensor], dtype: torch.dtype):
-    """dG `[HQ, B * T]` (gradient w.r.t. G) -> dg `[B, T, HQ]` in `dtype`: the per-sequence reverse cumsum."""
+    """dG `[HQ, B * T]` (gradient w.r.t. G in natural units) -> dg `[B, T, HQ]` in `dtype`: the per-sequence
+    reverse cumsum."""
     HQ = dG.shape[0]
     y = empty(B, T, HQ, dtype=dtype, device=dG.device)
     return _scan(dG, y, cu_seqlens, B, T, HQ, (1, B * T), (HQ, 1), reverse=True)
