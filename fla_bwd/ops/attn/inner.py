@@ -78,13 +78,27 @@ def visible(o_a, o_b, W, KEYS_FIRST: tl.constexpr = False):
 
 
 @triton.jit
+def key_gate(gk_base, i_s, T, BS: tl.constexpr, USE_G: tl.constexpr):
+    """The gate's G of keys [i_s, i_s + BS), or a scalar 0 without gates. Loaded one block ahead by the loops:
+    Triton's pipeliner stages only the tile loads that feed dots, so a small vector load used in the same iteration
+    stalls it on a global-memory round trip."""
+    if USE_G:
+        o_s = i_s + tl.arange(0, BS)
+        return tl.load(gk_base + o_s, mask=o_s < T, other=0)
+    else:
+        return 0.0
+
+
+@triton.jit
 def fwd_block(
-    b_q, b_o, b_m, b_l, b_gq, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
+    b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """One key block of the online softmax: fold keys [i_s, i_s + BS) into (b_o, b_m, b_l)."""
+    """One key block of the online softmax: fold keys [i_s, i_s + BS) into (b_o, b_m, b_l). With gates, b_gk is
+    this block's key-side G, loaded one block ahead (see `key_gate`); the next block's is returned."""
+    b_gk_next = key_gate(gk_base, i_s + BS, T, BS, USE_G)
     o_s = i_s + tl.arange(0, BS)
     m_s = o_s < T
     o_k = tl.arange(0, BK)
@@ -98,7 +112,7 @@ def fwd_block(
     # [BT, BS]
     b_s = tl.dot(b_q, b_kt, input_precision=DOT_PREC) * qk_scale
     if USE_G:
-        b_s += b_gq[:, None] - tl.load(gk_base + o_s, mask=m_s, other=0)[None, :]
+        b_s += b_gq[:, None] - b_gk[None, :]
     if MASK:
         b_s = tl.where(visible(o_t, o_s, W), b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
@@ -108,19 +122,21 @@ def fwd_block(
     b_alpha = tl.exp2(b_m - b_m_ref)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     b_o = b_o * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
-    return b_o, b_m_new, b_l
+    return b_o, b_m_new, b_l, b_gk_next
 
 
 @triton.jit
 def dq_block(
-    b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
+    b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
 ):
     """dQ contribution of keys [i_s, i_s + BS): dq += dS @ K, dS = P * (dO @ V^T - delta). Unscaled.
     With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see
-    the dQ kernel); dS = P * dP - P * delta shares that product, so the refinement costs one row sum."""
+    the dQ kernel); dS = P * dP - P * delta shares that product, so the refinement costs one row sum. b_gk as in
+    `fwd_block`."""
+    b_gk_next = key_gate(gk_base, i_s + BS, T, BS, USE_G)
     o_s = i_s + tl.arange(0, BS)
     m_s = o_s < T
     o_k = tl.arange(0, BK)
@@ -134,7 +150,7 @@ def dq_block(
     # [BT, BS]
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
     if USE_G:
-        b_s += b_gq[:, None] - tl.load(gk_base + o_s, mask=m_s, other=0)[None, :]
+        b_s += b_gq[:, None] - b_gk[None, :]
     b_p = tl.exp2(b_s - b_lse[:, None])
     if MASK:
         b_p = tl.where(visible(o_t, o_s, W), b_p, 0)
@@ -145,18 +161,37 @@ def dq_block(
         b_pdp += tl.sum(b_pdp_tile, 1)
     else:
         b_ds = b_p * (b_dp - b_delta[:, None])
-    return b_dq + tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC), b_pdp
+    return b_dq + tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC), b_pdp, b_gk_next
+
+
+@triton.jit
+def query_rows(lse_base, delta_base, gq_base, i_t, T, BS: tl.constexpr, USE_G: tl.constexpr):
+    """Per-query vectors of the query block [i_t, i_t + BS): lse (+inf past the sequence end, so P is exactly 0
+    there without a mask), delta, and the gate's G (0 without gates)."""
+    o_t = i_t + tl.arange(0, BS)
+    m_t = o_t < T
+    b_lse = tl.load(lse_base + o_t, mask=m_t, other=float("inf"))
+    b_delta = tl.load(delta_base + o_t, mask=m_t, other=0)
+    b_gq = tl.zeros([BS], dtype=tl.float32)
+    if USE_G:
+        b_gq = tl.load(gq_base + o_t, mask=m_t, other=0)
+    return b_lse, b_delta, b_gq
 
 
 @triton.jit
 def dkv_block(
-    b_k, b_v, b_dk, b_dv, b_dgk, b_gk, q_base, do_base, lse_base, delta_base, gq_base, o_s, i_t, T, W, qk_scale,
-    stride_q, stride_do,
+    b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base, o_s,
+    i_t, T, W, qk_scale, stride_q, stride_do,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """dK/dV contribution of queries [i_t, i_t + BS) to the key tile o_s, in transposed ([keys, queries]) form.
-    Rows past the sequence end load lse = +inf, so their P is exactly 0 without a mask."""
+
+    (b_lse, b_delta, b_gq) are this block's `query_rows`, loaded one iteration ahead; the block returns the next
+    block's. Triton's pipeliner stages only the tile loads that feed dots, so these small vector loads would
+    otherwise stall every iteration on a global-memory round trip.
+    """
+    b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS, USE_G)
     o_t = i_t + tl.arange(0, BS)
     m_t = o_t < T
     o_k = tl.arange(0, BK)
@@ -167,12 +202,10 @@ def dkv_block(
     # [BS, BV]
     b_do = tl.load(do_base + o_t[:, None].to(tl.int64) * stride_do + o_v[None, :],
                    mask=m_t[:, None] & (o_v[None, :] < V), other=0)
-    b_lse = tl.load(lse_base + o_t, mask=m_t, other=float("inf"))
-    b_delta = tl.load(delta_base + o_t, mask=m_t, other=0)
     # [BT, BS]
     b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC) * qk_scale
     if USE_G:
-        b_st += tl.load(gq_base + o_t, mask=m_t, other=0)[None, :] - b_gk[:, None]
+        b_st += b_gq[None, :] - b_gk[:, None]
     b_pt = tl.exp2(b_st - b_lse[None, :])
     if MASK:
         b_pt = tl.where(visible(o_s, o_t, W, KEYS_FIRST=True), b_pt, 0)
@@ -182,7 +215,7 @@ def dkv_block(
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
     if USE_G:
         b_dgk += tl.sum(b_dst, 1)
-    return b_dk, b_dv, b_dgk
+    return b_dk, b_dv, b_dgk, b_lse_next, b_delta_next, b_gq_next
 
 
 @triton.jit
@@ -205,18 +238,20 @@ def dkv_one_head(
     # [BT]
     b_dgk = tl.zeros([BT], dtype=tl.float32)
     diag, hi, end = query_ranges(s0, T, W, BT, BS)
+    # The three ranges are consecutive BS-blocks from s0, so the one-ahead prefetch runs across them.
+    b_lse, b_delta, b_gq = query_rows(lse_base, delta_base, gq_base, s0, T, BS, USE_G)
     for i_t in range(s0, diag, BS):
-        b_dk, b_dv, b_dgk = dkv_block(
-            b_k, b_v, b_dk, b_dv, b_dgk, b_gk, q_base, do_base, lse_base, delta_base, gq_base, o_s, i_t, T, W,
-            qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+        b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
+            b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
+            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
     for i_t in range(diag, hi, BS):
-        b_dk, b_dv, b_dgk = dkv_block(
-            b_k, b_v, b_dk, b_dv, b_dgk, b_gk, q_base, do_base, lse_base, delta_base, gq_base, o_s, i_t, T, W,
-            qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, False, DOT_PREC)
+        b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
+            b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
+            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, False, DOT_PREC)
     for i_t in range(hi, end, BS):
-        b_dk, b_dv, b_dgk = dkv_block(
-            b_k, b_v, b_dk, b_dv, b_dgk, b_gk, q_base, do_base, lse_base, delta_base, gq_base, o_s, i_t, T, W,
-            qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+        b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
+            b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
+            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
     b_dg_query = tl.zeros([BT], dtype=tl.float32)
     if USE_SINK:
         b_lse = tl.load(lse_base + o_s, mask=m_s, other=float("inf"))

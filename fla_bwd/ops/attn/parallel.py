@@ -22,6 +22,7 @@ from fla_bwd.ops.attn.inner import (
     dkv_one_head,
     dq_block,
     fwd_block,
+    key_gate,
     key_ranges,
     program_ids,
     sequence_bounds,
@@ -81,15 +82,20 @@ def parallel_attn_fwd_kernel(
     b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BT], dtype=tl.float32)
     lo, mid, end = key_ranges(t0, T, W, BT, BS)
+    # The three ranges are consecutive BS-blocks from lo, so the one-ahead gate prefetch runs across them.
+    b_gk = key_gate(g_base, lo, T, BS, USE_G)
     for i_s in range(lo, mid, BS):
-        b_o, b_m, b_l = fwd_block(b_q, b_o, b_m, b_l, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
-                                  H * K, H * V, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+        b_o, b_m, b_l, b_gk = fwd_block(
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+            H * K, H * V, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
     for i_s in range(mid, t0, BS):
-        b_o, b_m, b_l = fwd_block(b_q, b_o, b_m, b_l, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
-                                  H * K, H * V, K, V, BS, BK, BV, USE_G, False, DOT_PREC)
+        b_o, b_m, b_l, b_gk = fwd_block(
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+            H * K, H * V, K, V, BS, BK, BV, USE_G, False, DOT_PREC)
     for i_s in range(t0, end, BS):
-        b_o, b_m, b_l = fwd_block(b_q, b_o, b_m, b_l, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
-                                  H * K, H * V, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+        b_o, b_m, b_l, b_gk = fwd_block(
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+            H * K, H * V, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
     if USE_SINK:
         # The sink is one more logit in the denominator: fold exp(sink) into l at a common maximum.
         b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
@@ -165,17 +171,18 @@ def parallel_attn_bwd_kernel_dq(
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_pdp = tl.zeros([BT], dtype=tl.float32)
     lo, mid, end = key_ranges(t0, T, W, BT, BS)
+    b_gk = key_gate(g_base, lo, T, BS, USE_G)
     for i_s in range(lo, mid, BS):
-        b_dq, b_pdp = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+        b_dq, b_pdp, b_gk = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
             H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G)
     for i_s in range(mid, t0, BS):
-        b_dq, b_pdp = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+        b_dq, b_pdp, b_gk = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
             H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, False, DOT_PREC, USE_G)
     for i_s in range(t0, end, BS):
-        b_dq, b_pdp = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
+        b_dq, b_pdp, b_gk = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
             H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G)
     tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
     if REFINE_DELTA:
