@@ -10,6 +10,7 @@ one contiguous load. A packed batch (`cu_seqlens`) has B == 1; every kernel maps
 """
 
 import contextlib
+import functools
 import os
 from typing import Optional
 
@@ -29,7 +30,7 @@ from fla_bwd.ops.attn.inner import (
 )
 from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
 from fla_bwd.ops.utils.cumsum import gate_cumsum, gate_grad
-from fla_bwd.ops.utils.index import chunk_indices
+from fla_bwd.ops.utils.index import chunk_indices, seqlen_offsets
 from fla_bwd.utils import empty, install_interpreter_bf16_fix, is_interpreter
 
 _HEURISTICS = {
@@ -436,23 +437,59 @@ def dkv_path(name: str):
         _forced_dkv_path = previous
 
 
-def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
-    """The dK/dV kernel for one call: "gqa" or "legacy".
+def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: Optional[int] = None,
+                      cu_seqlens: Optional[torch.Tensor] = None) -> str:
+    """The dK/dV kernel for one call: "gqa" (KV-head-owned) or "legacy" (query-head-owned, then a group sum).
 
-    The KV-head-owned kernel is taken for fp16/bf16 GQA with K == V in {64, 128} and G in {2, 4, 8}; every other
-    call keeps the legacy query-head-owned kernel (MHA has nothing to reduce; fp32, K != V, other head dims and
-    G > 8 are not yet measured to win). See PERF.md for the measurements behind the buckets.
+    "gqa" is taken for fp16/bf16 GQA with K == V in {64, 128} and G in {2, 4, 8}, unless on a GPU the call is
+    load-imbalanced for it (see `_gqa_load_balanced`). Everything else keeps "legacy": MHA has nothing to reduce,
+    and fp32, K != V, other head dims and G > 8 have not been measured to win. `dkv_path(...)` or the environment
+    variable FLA_BWD_DKV_PATH force either kernel; both are correct for every input. PERF.md has the figures.
     """
     forced = _forced_dkv_path or os.environ.get("FLA_BWD_DKV_PATH", "auto")
     if forced not in DKV_PATHS:
         raise ValueError(f"FLA_BWD_DKV_PATH must be one of {DKV_PATHS}, got {forced!r}")
     if forced != "auto":
         return forced
-    G = q.shape[2] // k.shape[2]
-    K, V = q.shape[3], v.shape[3]
-    if q.dtype in (torch.float16, torch.bfloat16) and K == V and K in (64, 128) and G in (2, 4, 8):
+    B, T, HQ, K = q.shape
+    H, V = k.shape[2], v.shape[3]
+    G = HQ // H
+    if not (q.dtype in (torch.float16, torch.bfloat16) and K == V and K in (64, 128) and G in (2, 4, 8)):
+        return "legacy"
+    if q.device.type != "cuda":
         return "gqa"
-    return "legacy"
+    lengths = (T,) * B if cu_seqlens is None else _lengths(cu_seqlens)
+    W = T if window_size is None else window_size
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    return "gqa" if _gqa_load_balanced(lengths, H, G, K, W, sms) else "legacy"
+
+
+def _lengths(cu_seqlens: torch.Tensor) -> tuple:
+    offsets = seqlen_offsets(cu_seqlens)
+    return tuple(b - a for a, b in zip(offsets, offsets[1:]))
+
+
+@functools.lru_cache(maxsize=256)
+def _gqa_load_balanced(lengths: tuple, H: int, G: int, D: int, W: int, sms: int) -> bool:
+    """Whether the KV-head-owned kernel keeps the GPU busy. Its longest program (the first key tile of the longest
+    sequence) runs G times the query blocks of a legacy program; when that critical path is much longer than the
+    average work per resident program, the legacy kernel's G-times-more programs win despite the group sum.
+
+    Counted in query-block iterations, with two resident programs per SM (255 registers x 128 threads each).
+    Measured on the H200 (PERF.md): G8 B1 T4096 H4 (critical path 2.0x the average) ran 1313 us vs legacy 992 us;
+    G8 T8192 (1.02x) 3778 vs 3804; GQA B2 T2048 H8 (1.0x) 575 vs 661; G4 B4 T512 (1.8x, but 32 iterations:
+    the group sum dominates) 333 vs 387.
+    """
+    cfg = _config("dkv", D)
+    ratio = cfg["BT"] // cfg["BS"]
+    span = triton.cdiv(cfg["BT"] + W - 1, cfg["BS"])  # query blocks one key tile can see
+    total = critical = 0
+    for length in lengths:
+        blocks = triton.cdiv(length, cfg["BS"])
+        seen = [min(blocks - i * ratio, span) for i in range(triton.cdiv(length, cfg["BT"]))]
+        total += H * G * sum(seen)
+        critical = max(critical, G * (seen[0] if seen else 0))
+    return critical <= 64 or critical <= 1.25 * total / (2 * sms)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -482,7 +519,7 @@ class ParallelAttnFunction(torch.autograd.Function):
         dq = attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, ctx.scale, ctx.W, cu_seqlens,
                          refine_delta=g_cumsum is not None or sink is not None)
         dk, dv, dG, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink, ctx.scale, ctx.W, cu_seqlens,
-                                  select_dkv_kernel(q, k, v))
+                                  select_dkv_kernel(q, k, v, ctx.W, cu_seqlens))
         dg = gate_grad(dG, B, T, cu_seqlens, ctx.g_dtype) if dG is not None and ctx.needs_input_grad[3] else None
         if dsink is not None:
             dsink = dsink.to(ctx.sink_dtype)
