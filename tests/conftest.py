@@ -1,0 +1,87 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Shared test setup: Triton's CPU interpreter when there is no GPU, NaN-poisoned buffers, per-test seeds, and the
+error-ratio check `assert_close` with a per-output summary of the largest ratio seen in the session."""
+
+import os
+
+import torch
+
+# Must happen before anything imports triton (fla_bwd does): the interpreter is chosen when triton is imported.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import zlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+from fla_bwd.utils import set_poison  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# Output name -> (largest ratio seen, test id). Filled by `assert_close`, printed by `pytest_terminal_summary`
+# (with the largest among tests that passed next to it).
+MAX_RATIOS: dict = {}
+_TEST_RATIOS: dict = {}  # test id -> {output name: largest ratio in that test}
+_PASSED: set = set()
+_CURRENT_TEST = {"id": "?"}
+
+
+def error_ratio(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """rms(ref - out) / rms(ref), in fp64. A zero reference makes it the absolute rms of out (0 when both are 0)."""
+    ref, out = ref.detach().double(), out.detach().double()
+    err = (ref - out).pow(2).mean().sqrt().item() if ref.numel() else 0.0
+    base = ref.pow(2).mean().sqrt().item() if ref.numel() else 0.0
+    if base == 0.0:
+        return err
+    return err / base
+
+
+def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float = 0.005) -> float:
+    """Fail unless `out` is finite, has `ref`'s shape and rms(ref - out) / rms(ref) < ratio. Records the ratio."""
+    assert out is not None, f"{name}: no gradient/output was returned"
+    assert ref.shape == out.shape, f"{name}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    finite = torch.isfinite(out)
+    if not finite.all():
+        bad = (~finite).nonzero()
+        raise AssertionError(f"{name}: {bad.shape[0]} of {out.numel()} elements are NaN/Inf "
+                             f"(first at index {bad[0].tolist()}); an unwritten poisoned element shows up as NaN")
+    assert torch.isfinite(ref).all(), f"{name}: the reference itself is not finite"
+    r = error_ratio(ref, out)
+    print(f"{name}: error ratio {r:.3e}")
+    best = MAX_RATIOS.get(name)
+    if best is None or r > best[0]:
+        MAX_RATIOS[name] = (r, _CURRENT_TEST["id"])
+    per_test = _TEST_RATIOS.setdefault(_CURRENT_TEST["id"], {})
+    per_test[name] = max(r, per_test.get(name, 0.0))
+    assert r < ratio, f"{name}: error ratio {r:.3e} >= {ratio}"
+    return r
+
+
+@pytest.fixture(autouse=True)
+def _poison_and_seed(request):
+    """Every buffer the package allocates is NaN-filled; every test gets its own reproducible seed."""
+    _CURRENT_TEST["id"] = request.node.nodeid
+    set_poison(True)
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    yield
+    set_poison(False)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.passed:
+        _PASSED.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not MAX_RATIOS:
+        return
+    terminalreporter.section(f"largest error ratio per output ({DEVICE})")
+    order = {n: i for i, n in enumerate(("o", "dq", "dk", "dv", "dg", "dsink"))}
+    for name in sorted(MAX_RATIOS, key=lambda n: (order.get(n, len(order)), n)):
+        r, test = MAX_RATIOS[name]
+        line = f"{name:>18}: {r:.3e}  ({test})"
+        passed = [(ratios[name], t) for t, ratios in _TEST_RATIOS.items() if t in _PASSED and name in ratios]
+        if test not in _PASSED and passed:
+            r_ok, test_ok = max(passed)
+            line += f"; among passed tests {r_ok:.3e} ({test_ok})"
+        terminalreporter.write_line(line)

@@ -1,0 +1,231 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Invalid inputs to `parallel_attn` raise a ValueError/TypeError naming the argument, before any kernel runs."""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICE
+
+import fla_bwd.ops.attn.parallel as parallel_module
+from fla_bwd.ops.attn import parallel_attn
+
+B, T, HQ, H, K, V = 1, 8, 4, 2, 16, 16
+
+
+def _inputs(dtype=torch.bfloat16, device=DEVICE, B=B, T=T, HQ=HQ, H=H, K=K, V=V):
+    q = torch.randn(B, T, HQ, K, device=device).to(dtype)
+    k = torch.randn(B, T, H, K, device=device).to(dtype)
+    v = torch.randn(B, T, H, V, device=device).to(dtype)
+    return q, k, v
+
+
+@pytest.fixture(autouse=True)
+def no_kernel_runs(monkeypatch):
+    """Any call that gets past validation into the autograd function or a launcher fails the test."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("validation let a bad input through: the forward started")
+
+    class Forbidden:
+        apply = staticmethod(forbidden)
+
+    monkeypatch.setattr(parallel_module, "ParallelAttnFunction", Forbidden)
+    monkeypatch.setattr(parallel_module, "attn_fwd", forbidden)
+    monkeypatch.setattr(parallel_module, "gate_cumsum", forbidden)
+
+
+def _raises(exc, match, *args, **kwargs):
+    with pytest.raises(exc, match=match):
+        parallel_attn(*args, **kwargs)
+
+
+def test_valid_call_reaches_the_forward():
+    """Sanity check of the fixture: a valid call gets past validation (and is stopped by the fixture)."""
+    with pytest.raises(AssertionError, match="forward started"):
+        parallel_attn(*_inputs())
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Shapes and heads
+# ------------------------------------------------------------------------------------------------------------
+
+def test_heads_not_a_multiple():
+    q, k, v = _inputs(HQ=6, H=4)
+    _raises(ValueError, r"HQ=6.*multiple.*H=4", q, k, v)
+
+
+def test_zero_kv_heads():
+    q, k, v = _inputs(HQ=4, H=0)
+    _raises(ValueError, r"H=0", q, k, v)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_rank(which):
+    q, k, v = _inputs()
+    args = {"q": q, "k": k, "v": v}
+    args[which] = args[which][0]
+    _raises(ValueError, rf"^{which} must have 4 dimensions", **args)
+
+
+def test_k_shape_mismatch():
+    q, k, v = _inputs()
+    _raises(ValueError, r"^k must be \[B, T, H, K\]", q, k[:, :-1], v[:, :-1])
+    _raises(ValueError, r"^k must be \[B, T, H, K\]", q, torch.randn(B, T, H, K + 1, dtype=q.dtype, device=DEVICE), v)
+    _raises(ValueError, r"^k must be \[B, T, H, K\]", q, torch.cat([k, k]), torch.cat([v, v]))
+
+
+def test_v_shape_mismatch():
+    q, k, v = _inputs()
+    _raises(ValueError, r"^v must be \[B, T, H, V\]", q, k, v[:, :-1])
+    _raises(ValueError, r"^v must be \[B, T, H, V\]", q, k, torch.randn(B, T, H + 1, V, dtype=q.dtype, device=DEVICE))
+
+
+def test_g_shape_and_rank():
+    q, k, v = _inputs()
+    _raises(ValueError, r"^g must be \[B, T, HQ\]", q, k, v, g=torch.zeros(B, T, H, device=DEVICE))
+    _raises(ValueError, r"^g must be \[B, T, HQ\]", q, k, v, g=torch.zeros(B, T - 1, HQ, device=DEVICE))
+    _raises(ValueError, r"^g must have 3 dimensions", q, k, v, g=torch.zeros(B, T, HQ, 1, device=DEVICE))
+    _raises(TypeError, r"^g must be a torch.Tensor", q, k, v, g=[0.0] * T)
+
+
+def test_sink_shape_and_rank():
+    q, k, v = _inputs()
+    _raises(ValueError, r"^sink_bias must be \[HQ\]", q, k, v, sink_bias=torch.zeros(H, device=DEVICE))
+    _raises(ValueError, r"^sink_bias must have 1 dimensions", q, k, v, sink_bias=torch.zeros(1, HQ, device=DEVICE))
+
+
+@pytest.mark.parametrize("which, dim", [("K (q.shape[3])", "K"), ("V (v.shape[3])", "V")])
+def test_head_dim_too_large(which, dim):
+    q, k, v = _inputs(**{dim: 257})
+    _raises(ValueError, re.escape(f"head dim {which} must be in [1, 256], got 257"), q, k, v)
+
+
+def test_not_tensors():
+    q, k, v = _inputs()
+    _raises(TypeError, r"^q must be a torch.Tensor", q.tolist(), k, v)
+    _raises(TypeError, r"^v must be a torch.Tensor", q, k, None)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Dtypes and devices
+# ------------------------------------------------------------------------------------------------------------
+
+def test_mixed_dtypes():
+    q, k, v = _inputs()
+    _raises(TypeError, r"q, k and v must share one dtype", q, k.half(), v)
+    _raises(TypeError, r"q, k and v must share one dtype", q.float(), k, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float64, torch.bool],
+                         ids=["int32", "int64", "float64", "bool"])
+def test_unsupported_q_dtype(dtype):
+    q, k, v = _inputs(torch.float32)
+    _raises(TypeError, rf"^q must be float16, bfloat16 or float32, got {dtype}", q.to(dtype), k, v)
+
+
+def test_unsupported_kv_dtype():
+    q, k, v = _inputs(torch.float32)
+    _raises(TypeError, r"^k must be float16, bfloat16 or float32", q, k.double(), v)
+    _raises(TypeError, r"^v must be float16, bfloat16 or float32", q, k, v.to(torch.int8))
+
+
+def test_integer_gate_and_sink():
+    q, k, v = _inputs()
+    _raises(TypeError, r"^g must be a floating-point tensor", q, k, v, g=torch.zeros(B, T, HQ, dtype=torch.int32,
+                                                                                        device=DEVICE))
+    _raises(TypeError, r"^sink_bias must be a floating-point tensor", q, k, v,
+            sink_bias=torch.zeros(HQ, dtype=torch.int64, device=DEVICE))
+
+
+@pytest.mark.parametrize("which", ["k", "v", "g", "sink_bias"])
+def test_mixed_devices(which):
+    """Tensors on two devices: the meta device stands in for a second device when there is no second GPU."""
+    q, k, v = _inputs()
+    args = {"q": q, "k": k, "v": v, "g": F.logsigmoid(torch.randn(B, T, HQ, device=DEVICE)),
+            "sink_bias": torch.zeros(HQ, device=DEVICE)}
+    args[which] = args[which].to("meta")
+    _raises(ValueError, rf"one device.*{which} on meta", **args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU for a real second device")
+def test_mixed_devices_cpu_cuda():
+    q, k, v = _inputs(device="cuda")
+    _raises(ValueError, r"one device.*k on cpu", q, k.cpu(), v)
+
+
+def test_cu_seqlens_device():
+    q, k, v = _inputs()
+    cu = torch.tensor([0, T], dtype=torch.int32, device="meta")
+    _raises(ValueError, r"^cu_seqlens must be on the inputs' device", q, k, v, cu_seqlens=cu)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# cu_seqlens
+# ------------------------------------------------------------------------------------------------------------
+
+def _cu(values, dtype=torch.int32):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+def test_cu_seqlens_needs_batch_one():
+    q, k, v = _inputs(B=2)
+    _raises(ValueError, r"cu_seqlens requires .*B == 1, got B = 2", q, k, v, cu_seqlens=_cu([0, 3, T]))
+
+
+def test_cu_seqlens_rank():
+    q, k, v = _inputs()
+    _raises(ValueError, r"^cu_seqlens must have 1 dimensions", q, k, v, cu_seqlens=_cu([[0, 3, T]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.bool], ids=["float32", "int16", "bool"])
+def test_cu_seqlens_dtype(dtype):
+    q, k, v = _inputs()
+    _raises(TypeError, r"^cu_seqlens must be int32 or int64", q, k, v, cu_seqlens=_cu([0, 3, T]).to(dtype))
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        pytest.param([1, 3, T], r"^cu_seqlens must start at 0, got 1", id="start1"),
+        pytest.param([-1, 3, T], r"^cu_seqlens must start at 0, got -1", id="start-1"),
+        pytest.param([0, 5, 3, T], r"^cu_seqlens must be non-decreasing", id="decreasing"),
+        pytest.param([0, 3, T - 1], rf"^cu_seqlens must end at the packed length T = {T}, got {T - 1}", id="short"),
+        pytest.param([0, 3, T + 1], rf"^cu_seqlens must end at the packed length T = {T}, got {T + 1}", id="long"),
+        pytest.param([0], r"^cu_seqlens must hold at least 2 offsets", id="one-offset"),
+        pytest.param([], r"^cu_seqlens must hold at least 2 offsets", id="empty"),
+    ],
+)
+def test_cu_seqlens_values(values, match):
+    q, k, v = _inputs()
+    _raises(ValueError, match, q, k, v, cu_seqlens=_cu(values, torch.int64))
+
+
+def test_cu_seqlens_not_a_tensor():
+    q, k, v = _inputs()
+    _raises(TypeError, r"^cu_seqlens must be a torch.Tensor", q, k, v, cu_seqlens=[0, T])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# window_size and scale
+# ------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("W", [0, -1, -100])
+def test_window_size_not_positive(W):
+    _raises(ValueError, rf"^window_size must be >= 1, got {W}", *_inputs(), window_size=W)
+
+
+@pytest.mark.parametrize("W", [2.5, 4.0, True, "8", torch.tensor(4)], ids=["2.5", "4.0", "True", "str", "tensor"])
+def test_window_size_not_int(W):
+    _raises(TypeError, r"^window_size must be a positive int or None", *_inputs(), window_size=W)
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
+def test_scale_not_finite(scale):
+    _raises(ValueError, r"^scale must be finite", *_inputs(), scale=scale)
+
+
+@pytest.mark.parametrize("scale", ["0.1", True, torch.tensor(0.1)], ids=["str", "bool", "tensor"])
+def test_scale_not_a_number(scale):
+    _raises(TypeError, r"^scale must be a Python float or None", *_inputs(), scale=scale)
