@@ -162,7 +162,7 @@ def parallel_attn_bwd_kernel_dq(
     # [BT, BV]
     b_do = tl.load(do + (bos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :],
                    mask=m_t[:, None] & (o_v[None, :] < V), other=0)
-    b_lse = tl.load(lse + row_base + o_t, mask=m_t, other=0)
+    b_lse = tl.load(lse + row_base + o_t, mask=m_t, other=float("inf"))
     b_delta = tl.load(delta + row_base + o_t, mask=m_t, other=0)
     b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
