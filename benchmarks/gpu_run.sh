@@ -65,7 +65,7 @@ say "runner exit code $RC (0 ok, 2 usage, 3 gate red, 4 an op error, 124/130 sto
 
 # 3. Markdown table + plot, then the backward-alone table as the very last output
 ANCHORS=""
-for a in shared/anchors/h200-2026-11-29.jsonl ../shared/anchors/h200-2026-11-29.jsonl; do
+for a in benchmarks/results/anchors-h200-2026-11-29.jsonl shared/anchors/h200-2026-11-29.jsonl; do
   [ -f "$a" ] && ANCHORS="--anchors $a" && break
 done
 if [ -f "$OUT/summary.json" ]; then
