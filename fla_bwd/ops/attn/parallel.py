@@ -28,7 +28,7 @@ from fla_bwd.ops.attn.inner import (
     program_ids,
     sequence_bounds,
 )
-from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
+from fla_bwd.ops.utils.checks import check_attn_inputs, check_cu_seqlens_values, resolve_scale
 from fla_bwd.ops.utils.cumsum import gate_cumsum, gate_grad
 from fla_bwd.ops.utils.index import chunk_indices, seqlen_offsets
 from fla_bwd.utils import empty, install_interpreter_bf16_fix, is_interpreter
@@ -496,34 +496,99 @@ def _gqa_load_balanced(lengths: tuple, H: int, G: int, D: int, W: int, sms: int)
 # Autograd
 # ----------------------------------------------------------------------------------------------------------------
 
-class ParallelAttnFunction(torch.autograd.Function):
+# The op pair is registered with torch.library so that `torch.compile(fullgraph=True)` sees two opaque ops with fake
+# (meta) implementations instead of tracing into Triton launches, and autograd is attached with `register_autograd`
+# rather than a `torch.autograd.Function`. Optional outputs (the gate's cumsum, dg, dsink) are returned as empty
+# tensors when absent, since a custom op cannot return None.
 
-    @staticmethod
-    def forward(ctx, q, k, v, g, sink_bias, scale, W, cu_seqlens):
-        g_cumsum = gate_cumsum(g.contiguous(), cu_seqlens) if g is not None else None
-        sink = sink_bias.float().contiguous() if sink_bias is not None else None
-        o, lse = attn_fwd(q, k, v, g_cumsum, sink, scale, W, cu_seqlens)
-        ctx.save_for_backward(q, k, v, o, lse, g_cumsum, sink, cu_seqlens)
-        ctx.scale, ctx.W = scale, W
-        ctx.g_dtype = g.dtype if g is not None else None
-        ctx.sink_dtype = sink_bias.dtype if sink_bias is not None else None
-        return o
+def _empty_f32(device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.float32, device=device)
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, g_cumsum, sink, cu_seqlens = ctx.saved_tensors
-        do = do.contiguous()
-        B, T = q.shape[:2]
-        delta = attn_bwd_preprocess(o, do)
-        # Gates and sinks read delta directly (dG, dsink): give them the fp32 one (see the dQ kernel).
-        dq = attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, ctx.scale, ctx.W, cu_seqlens,
-                         refine_delta=g_cumsum is not None or sink is not None)
-        dk, dv, dG, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink, ctx.scale, ctx.W, cu_seqlens,
-                                  select_dkv_kernel(q, k, v, ctx.W, cu_seqlens))
-        dg = gate_grad(dG, B, T, cu_seqlens, ctx.g_dtype) if dG is not None and ctx.needs_input_grad[3] else None
-        if dsink is not None:
-            dsink = dsink.to(ctx.sink_dtype)
-        return dq, dk, dv, dg, dsink, None, None, None
+
+@torch.library.custom_op("fla_bwd::parallel_attn_fwd", mutates_args=())
+def _parallel_attn_fwd_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, lse, G * log2 e or empty). `window_size` 0 means full causal."""
+    if is_interpreter():
+        install_interpreter_bf16_fix()
+    if cu_seqlens is not None:
+        check_cu_seqlens_values(cu_seqlens, q.shape[1])
+    W = _window(window_size, q.shape[1])
+    g_cumsum = gate_cumsum(g, cu_seqlens) if g is not None else None
+    sink = sink_bias.float().contiguous() if sink_bias is not None else None
+    o, lse = attn_fwd(q, k, v, g_cumsum, sink, scale, W, cu_seqlens)
+    return o, lse, g_cumsum if g_cumsum is not None else _empty_f32(q.device)
+
+
+@_parallel_attn_fwd_op.register_fake
+def _(q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
+    B, T, HQ, _ = q.shape
+    lse = q.new_empty(HQ, B * T, dtype=torch.float32)
+    g_cumsum = q.new_empty(HQ, B * T, dtype=torch.float32) if g is not None else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(B, T, HQ, v.shape[3]), lse, g_cumsum
+
+
+@torch.library.custom_op("fla_bwd::parallel_attn_bwd", mutates_args=())
+def _parallel_attn_bwd_op(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    g_cumsum: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dg or empty, dsink or empty); dg and dsink in g's and sink_bias's dtypes."""
+    B, T = q.shape[:2]
+    W = _window(window_size, T)
+    gc = g_cumsum if g is not None else None
+    sink = sink_bias.float().contiguous() if sink_bias is not None else None
+    delta = attn_bwd_preprocess(o, do)
+    # Gates and sinks read delta directly (dG, dsink): give them the fp32 one (see the dQ kernel).
+    dq = attn_bwd_dq(q, k, v, do, lse, delta, gc, scale, W, cu_seqlens, refine_delta=gc is not None or sink is not None)
+    dk, dv, dG, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, gc, sink, scale, W, cu_seqlens,
+                                     select_dkv_kernel(q, k, v, W, cu_seqlens))
+    dg = gate_grad(dG, B, T, cu_seqlens, g.dtype) if g is not None else _empty_f32(q.device)
+    dsink = dsink.to(sink_bias.dtype) if sink_bias is not None else _empty_f32(q.device)
+    return dq, dk, dv, dg, dsink
+
+
+@_parallel_attn_bwd_op.register_fake
+def _(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size):
+    empty = q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(g) if g is not None else empty,
+            torch.empty_like(sink_bias) if sink_bias is not None else empty)
+
+
+def _window(window_size: int, T: int) -> int:
+    # W == T already admits every causal pair; clamping keeps the kernels' int32 range arithmetic small.
+    return T if window_size == 0 else min(window_size, max(T, 1))
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, g, sink_bias, cu_seqlens, scale, window_size = inputs
+    o, lse, g_cumsum = output
+    ctx.save_for_backward(q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens)
+    ctx.scale, ctx.window_size = scale, window_size
+
+
+def _fwd_backward(ctx, do, dlse, dgc):
+    q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv, dg, dsink = _parallel_attn_bwd_op(do.contiguous(), q, k, v, o, lse, g_cumsum, g, sink_bias,
+                                                  cu_seqlens, ctx.scale, ctx.window_size)
+    return (dq, dk, dv, dg if g is not None else None, dsink if sink_bias is not None else None, None, None, None)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("parallel_attn does not support double backward (a gradient of its gradient); "
+                       "its backward is not differentiable")
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    pass
+
+
+_parallel_attn_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+_parallel_attn_bwd_op.register_autograd(_no_double_backward, setup_context=_bwd_setup_context)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -569,10 +634,13 @@ def parallel_attn(
     is picked per call by `select_dkv_kernel`; force one with `dkv_path(...)` or FLA_BWD_DKV_PATH.
     """
     check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias)
-    if is_interpreter():
-        install_interpreter_bf16_fix()
-    T = q.shape[1]
-    # W == T already admits every causal pair; clamping keeps the kernels' int32 range arithmetic small.
-    W = T if window_size is None else min(window_size, max(T, 1))
+    if q.is_cuda and torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
+        # Under autocast, attention runs in the autocast dtype; the casts are differentiable, so the gradients
+        # come back in the inputs' (fp32) dtypes.
+        dtype = torch.get_autocast_dtype("cuda")
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    return ParallelAttnFunction.apply(q, k, v, g, sink_bias, resolve_scale(scale, q.shape[-1]), W, cu_seqlens)
+    g = g.contiguous() if g is not None else None
+    o, _, _ = _parallel_attn_fwd_op(q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]),
+                                    window_size or 0)
+    return o

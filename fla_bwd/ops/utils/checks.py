@@ -78,10 +78,11 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias) -> 
         if window_size < 1:
             raise ValueError(f"window_size must be >= 1, got {window_size}")
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, B, T, q.device)
+        check_cu_seqlens(cu_seqlens, B, q.device)
 
 
-def check_cu_seqlens(cu_seqlens, B: int, T: int, device: torch.device) -> None:
+def check_cu_seqlens(cu_seqlens, B: int, device: torch.device) -> None:
+    """Structure of `cu_seqlens` (type, rank, dtype, device, B == 1); its values: `check_cu_seqlens_values`."""
     _tensor("cu_seqlens", cu_seqlens, 1)
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
@@ -91,6 +92,11 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int, device: torch.device) -> None:
         raise ValueError(f"cu_seqlens must be on the inputs' device {device}, got {cu_seqlens.device}")
     if cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must hold at least 2 offsets [0, ..., T], got {cu_seqlens.numel()}")
+
+
+def check_cu_seqlens_values(cu_seqlens: torch.Tensor, T: int) -> None:
+    """The checks that read the offsets (a device-to-host copy, cached per tensor): run inside the op, so that
+    `torch.compile` traces none of it."""
     offsets = seqlen_offsets(cu_seqlens)
     if offsets[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
