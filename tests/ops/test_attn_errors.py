@@ -23,17 +23,14 @@ def _inputs(dtype=torch.bfloat16, device=DEVICE, B=B, T=T, HQ=HQ, H=H, K=K, V=V)
 
 @pytest.fixture(autouse=True)
 def no_kernel_runs(monkeypatch):
-    """Any call that gets past validation into the autograd function or a launcher fails the test."""
+    """Any launch or buffer allocation (the launchers and the package's `empty`) fails the test: validation must
+    reject a bad input before any of them."""
 
     def forbidden(*args, **kwargs):
-        raise AssertionError("validation let a bad input through: the forward started")
+        raise AssertionError("validation let a bad input through: a launcher or an allocation started")
 
-    class Forbidden:
-        apply = staticmethod(forbidden)
-
-    monkeypatch.setattr(parallel_module, "ParallelAttnFunction", Forbidden)
-    monkeypatch.setattr(parallel_module, "attn_fwd", forbidden)
-    monkeypatch.setattr(parallel_module, "gate_cumsum", forbidden)
+    for name in ("attn_fwd", "gate_cumsum", "attn_bwd_preprocess", "attn_bwd_dq", "attn_bwd_dkv", "empty"):
+        monkeypatch.setattr(parallel_module, name, forbidden)
 
 
 def _raises(exc, match, *args, **kwargs):
@@ -43,7 +40,7 @@ def _raises(exc, match, *args, **kwargs):
 
 def test_valid_call_reaches_the_forward():
     """Sanity check of the fixture: a valid call gets past validation (and is stopped by the fixture)."""
-    with pytest.raises(AssertionError, match="forward started"):
+    with pytest.raises(AssertionError, match="a launcher or an allocation started"):
         parallel_attn(*_inputs())
 
 
