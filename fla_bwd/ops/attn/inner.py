@@ -131,11 +131,12 @@ def dq_block(
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
+    COMPUTE_DQ: tl.constexpr,
 ):
     """dQ contribution of keys [i_s, i_s + BS): dq += dS @ K, dS = P * (dO @ V^T - delta). Unscaled.
-    With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see
-    the dQ kernel); dS = P * dP - P * delta shares that product, so the refinement costs one row sum. b_gk as in
-    `fwd_block`."""
+    With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see the dQ kernel);
+    dS = P * dP - P * delta shares that product, so the refinement costs one row sum. Without COMPUTE_DQ only
+    b_pdp is accumulated (two of the three products). b_gk as in `fwd_block`."""
     b_gk_next = key_gate(gk_base, i_s + BS, T, BS, USE_G)
     o_s = i_s + tl.arange(0, BS)
     m_s = o_s < T
@@ -157,11 +158,12 @@ def dq_block(
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
     if REFINE_DELTA:
         b_pdp_tile = b_p * b_dp
-        b_ds = b_pdp_tile - b_p * b_delta[:, None]
         b_pdp += tl.sum(b_pdp_tile, 1)
+        if COMPUTE_DQ:
+            b_dq += tl.dot((b_pdp_tile - b_p * b_delta[:, None]).to(b_k.dtype), b_k, input_precision=DOT_PREC)
     else:
-        b_ds = b_p * (b_dp - b_delta[:, None])
-    return b_dq + tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC), b_pdp, b_gk_next
+        b_dq += tl.dot((b_p * (b_dp - b_delta[:, None])).to(b_k.dtype), b_k, input_precision=DOT_PREC)
+    return b_dq, b_pdp, b_gk_next
 
 
 @triton.jit
