@@ -72,6 +72,18 @@ def pytest_runtest_logreport(report):
         _PASSED.add(report.nodeid)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """With FLA_BWD_RATIOS_DIR set, each process (pytest-xdist workers included, whose ratios the controller's
+    summary cannot see) writes its largest ratio per output there; `scripts/merge_ratios.py` merges them."""
+    out = os.environ.get("FLA_BWD_RATIOS_DIR")
+    if out and MAX_RATIOS:
+        import json
+        os.makedirs(out, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(out, f"ratios-{worker}.json"), "w") as f:
+            json.dump({n: list(v) for n, v in MAX_RATIOS.items()}, f)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not MAX_RATIOS:
         return

@@ -22,9 +22,15 @@ def run_gate(test_files, timeout_s: float, extra_env: dict = None) -> dict:
         rec.update(status="red", returncode=None, seconds=0.0, tail=f"gate file(s) {missing} do not exist")
         return rec
     env = dict(os.environ, **(extra_env or {}))
+    # On a fresh GPU machine the gate is dominated by Triton compiling each test's kernel specialisations, one
+    # at a time; pytest-xdist (when present) spreads that over the host's cores. GATE_WORKERS=0 turns it off.
+    workers = int(os.environ.get("GATE_WORKERS", min(12, os.cpu_count() or 1)))
+    parallel = ["-n", str(workers)] if workers > 1 and _has_xdist() else []
+    rec["command"] = f"{sys.executable} -m pytest -q -x {' '.join(parallel)} {shown}".replace("  ", " ")
     t0 = time.time()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *paths],
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *parallel,
+                               *paths],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
         rec.update(status="green" if proc.returncode == 0 else "red", returncode=proc.returncode, tail="\n".join(tail))
@@ -32,6 +38,14 @@ def run_gate(test_files, timeout_s: float, extra_env: dict = None) -> dict:
         rec.update(status="red", returncode=None, tail=f"gate timed out after {timeout_s:.0f} s")
     rec["seconds"] = round(time.time() - t0, 1)
     return rec
+
+
+def _has_xdist() -> bool:
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def skipped_gate(test_files) -> dict:
