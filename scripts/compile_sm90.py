@@ -21,6 +21,7 @@ from triton.compiler import ASTSource
 
 import fla_bwd.ops.attn.parallel as P
 
+HOPPER_SMEM_PER_BLOCK = 232448  # 227 KB: cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
 
 
@@ -89,16 +90,26 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--plain", action="store_true", help="no gate and no sink (default: both)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--check-smem", action="store_true",
+                    help=f"exit 1 if a kernel needs more than {HOPPER_SMEM_PER_BLOCK} B of shared memory per block")
     for k in ("fwd", "dq", "dkv"):
         ap.add_argument(f"--{k}", default="", help="override, e.g. BT=128,BS=64,num_warps=8,num_stages=2")
     args = ap.parse_args()
-    os.environ.pop("TRITON_INTERPRET", None)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("compile_sm90.py compiles for the GPU: run it without TRITON_INTERPRET=1")
+    too_big = []
     for D in map(int, args.dims.split(",")):
-        for name, kernel, launch, key in kernels(D, gated=not args.plain, sink=not args.plain):
-            cfg = dict(P._config(key, D), **parse_override(getattr(args, key)))
+        dtype = getattr(torch, args.dtype)
+        for name, kernel, launch, key in kernels(D, dtype, gated=not args.plain, sink=not args.plain):
+            cfg = dict(P._config(key, D, dtype), **parse_override(getattr(args, key)))
             nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
             c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
             print(f"D={D:3d} {name:20s} {cfg} warps={nw} stages={ns}: {resource_report(c)}", flush=True)
+            if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
+                too_big.append(f"{name} D={D} {args.dtype}: {c.metadata.shared} B")
+    if args.check_smem and too_big:
+        raise SystemExit("over the shared-memory limit: " + "; ".join(too_big))
 
 
 if __name__ == "__main__":

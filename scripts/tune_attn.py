@@ -63,7 +63,7 @@ _base_dq = P.attn_bwd_dq
 
 def use_variant(name):
     over = VARIANTS[name]
-    P._config = lambda kernel, D: dict(_base_config(kernel, D), **over.get(kernel, {}))
+    P._config = lambda kernel, D, dtype=torch.bfloat16: dict(_base_config(kernel, D, dtype), **over.get(kernel, {}))
     # "norefine": measure what the fp32 delta refinement costs the gated dQ kernel (accuracy drops without it).
     P.attn_bwd_dq = (lambda *a: _base_dq(*a[:-1], "rounded")) if name == "norefine" else _base_dq
 

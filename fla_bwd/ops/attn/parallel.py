@@ -313,12 +313,21 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
 # Host launchers
 # ----------------------------------------------------------------------------------------------------------------
 
-def _config(kernel: str, D: int) -> dict:
-    """Tile sizes and launch shape per kernel. Under the CPU interpreter small tiles make the tests' short sequences
-    cross every range (window, unmasked, diagonal) of the loops; on the GPU see PERF.md for the measurements."""
+def _config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Tile sizes and launch shape per kernel, head dim (the larger of K and V) and input dtype. Under the CPU
+    interpreter small tiles make the tests' short sequences cross every range (window, unmasked, diagonal) of the
+    loops. On the GPU: PERF.md has the measurements behind the 16-bit tiles; fp32 (a correctness fallback using
+    exact fp32 products) halves them to fit the 227 KB of shared memory a block may use (fwd 128x128 needs 256 KB
+    in fp32 at D = 128). `tests/ops/test_kernel_resources.py` compiles every class for sm_90 and checks the fit."""
     if is_interpreter():
         return dict(BT=32, BS=16, num_warps=4, num_stages=1)
     large = D > 128
+    if dtype == torch.float32:
+        return {
+            "fwd": dict(BT=64, BS=32, num_warps=4, num_stages=2),
+            "dq": dict(BT=32 if large else 64, BS=32, num_warps=4 if large else 8, num_stages=2),
+            "dkv": dict(BT=32 if large else 64, BS=32, num_warps=4 if large else 8, num_stages=2),
+        }[kernel]
     return {
         "fwd": dict(BT=64 if large else 128, BS=32 if large else 128, num_warps=8, num_stages=2),
         "dq": dict(BT=64, BS=32 if large else 64, num_warps=8 if large else 4, num_stages=2),
@@ -346,7 +355,7 @@ def attn_fwd(q, k, v, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens):
     """Returns o `[B, T, HQ, V]` (q's dtype) and the base-2 log-sum-exp `[HQ, B * T]` (fp32)."""
     B, T, HQ, _ = q.shape
     dims = _dims(q, k, v)
-    cfg = _config("fwd", max(dims["K"], dims["V"]))
+    cfg = _config("fwd", max(dims["K"], dims["V"]), q.dtype)
     o = empty(B, T, HQ, dims["V"], dtype=q.dtype, device=q.device)
     lse = empty(HQ, B * T, dtype=torch.float32, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
@@ -382,7 +391,7 @@ def attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, scale: float, W: int, cu_seql
     """
     B, T, HQ, _ = q.shape
     dims = _dims(q, k, v)
-    cfg = _config("dq", max(dims["K"], dims["V"]))
+    cfg = _config("dq", max(dims["K"], dims["V"]), q.dtype)
     dq = empty(*q.shape, dtype=q.dtype, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
     passes = {"rounded": [(False, True)], "refine": [(True, True)], "exact": [(True, False), (False, True)]}
@@ -402,7 +411,7 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: 
     B, T, HQ, K = q.shape
     dims = _dims(q, k, v)
     H, G, V = dims["H"], dims["G"], dims["V"]
-    cfg = _config("dkv", max(K, V))
+    cfg = _config("dkv", max(K, V), q.dtype)
     dG = empty(HQ, B * T, dtype=torch.float32, device=q.device) if g_cumsum is not None else None
     if path == "gqa":
         kernel, heads, NH, acc_dtype = parallel_attn_bwd_kernel_dkv_per_kv_head, B * H, H, q.dtype
