@@ -526,8 +526,7 @@ def _empty_f32(device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32, device=device)
 
 
-@torch.library.custom_op("fla_bwd::parallel_attn_fwd", mutates_args=())
-def _parallel_attn_fwd_op(
+def _parallel_attn_fwd_impl(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -543,6 +542,10 @@ def _parallel_attn_fwd_op(
     return o, lse, g_cumsum if g_cumsum is not None else _empty_f32(q.device)
 
 
+_parallel_attn_fwd_op = torch.library.custom_op("fla_bwd::parallel_attn_fwd", mutates_args=())(
+    _parallel_attn_fwd_impl)
+
+
 @_parallel_attn_fwd_op.register_fake
 def _(q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
     B, T, HQ, _ = q.shape
@@ -551,8 +554,7 @@ def _(q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
     return q.new_empty(B, T, HQ, v.shape[3]), lse, g_cumsum
 
 
-@torch.library.custom_op("fla_bwd::parallel_attn_bwd", mutates_args=())
-def _parallel_attn_bwd_op(
+def _parallel_attn_bwd_impl(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     g_cumsum: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
@@ -570,6 +572,10 @@ def _parallel_attn_bwd_op(
     dg = gate_grad(dG, B, T, cu_seqlens, g.dtype) if g is not None else _empty_f32(q.device)
     dsink = dsink.to(sink_bias.dtype) if sink_bias is not None else _empty_f32(q.device)
     return dq, dk, dv, dg, dsink
+
+
+_parallel_attn_bwd_op = torch.library.custom_op("fla_bwd::parallel_attn_bwd", mutates_args=())(
+    _parallel_attn_bwd_impl)
 
 
 @_parallel_attn_bwd_op.register_fake
@@ -592,10 +598,10 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.scale, ctx.window_size = scale, window_size
 
 
-def _fwd_backward(ctx, do, dlse, dgc):
+def _fwd_backward(ctx, do, dlse, dgc, bwd=_parallel_attn_bwd_op):
     q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens = ctx.saved_tensors
-    dq, dk, dv, dg, dsink = _parallel_attn_bwd_op(do.contiguous(), q, k, v, o, lse, g_cumsum, g, sink_bias,
-                                                  cu_seqlens, ctx.scale, ctx.window_size)
+    dq, dk, dv, dg, dsink = bwd(do.contiguous(), q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, ctx.scale,
+                                ctx.window_size)
     return (dq, dk, dv, dg if g is not None else None, dsink if sink_bias is not None else None, None, None, None)
 
 
@@ -610,6 +616,46 @@ def _bwd_setup_context(ctx, inputs, output):
 
 _parallel_attn_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 _parallel_attn_bwd_op.register_autograd(_no_double_backward, setup_context=_bwd_setup_context)
+
+
+class _EagerParallelAttn(torch.autograd.Function):
+    """The same two implementations and autograd formula as the custom ops, for eager calls. The custom-op
+    machinery (schema default filling, dynamo guards, autograd redispatch) costs ~100 us of host time per forward
+    on this project's CPU with the kernels stubbed out, more than the whole GPU time of a short row; torch.compile
+    needs the ops, eager code does not. `parallel_attn` picks by `torch.compiler.is_compiling()`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
+        output = _parallel_attn_fwd_impl(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
+        _fwd_setup_context(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size), output)
+        ctx.mark_non_differentiable(output[1], output[2])
+        return output
+
+    @staticmethod
+    def backward(ctx, do, dlse, dgc):
+        with torch.no_grad():
+            grads = _fwd_backward(ctx, do, dlse, dgc, bwd=_parallel_attn_bwd_impl)
+        if not torch.is_grad_enabled():
+            return grads
+        # create_graph=True: hand back gradients that refuse a second differentiation with a clear error (as the
+        # custom op's backward does), rather than silently non-differentiable ones.
+        # The saved inputs (which require grad) go in too, so that the outputs carry this node.
+        live = [i for i, x in enumerate(grads) if x is not None]
+        guarded = _NoDoubleBackward.apply(len(live), *(grads[i] for i in live), *ctx.saved_tensors[:3])
+        out = list(grads)
+        for i, x in zip(live, guarded):
+            out[i] = x
+        return tuple(out)
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tuple(x.view_as(x) for x in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _no_double_backward(ctx)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -664,6 +710,6 @@ def parallel_attn(
     g = g.contiguous() if g is not None else None
     # The kernels read cu_seqlens with unit stride.
     cu_seqlens = cu_seqlens.contiguous() if cu_seqlens is not None else None
-    o, _, _ = _parallel_attn_fwd_op(q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]),
-                                    window_size or 0)
+    fwd = _parallel_attn_fwd_op if torch.compiler.is_compiling() else _EagerParallelAttn.apply
+    o, _, _ = fwd(q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), window_size or 0)
     return o
