@@ -127,7 +127,8 @@ def fwd_block(
 
 @triton.jit
 def dq_block(
-    b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
+    b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W,
+    qk_scale,
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
@@ -136,7 +137,9 @@ def dq_block(
     """dQ contribution of keys [i_s, i_s + BS): dq += dS @ K, dS = P * (dO @ V^T - delta). Unscaled.
     With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see the dQ kernel);
     dS = P * dP - P * delta shares that product, so the refinement costs one row sum. Without COMPUTE_DQ only
-    b_pdp is accumulated (two of the three products). b_gk as in `fwd_block`."""
+    b_pdp is accumulated (two of the three products). With REFINE_DELTA and gates it also accumulates, over the
+    keys other than the query itself, b_off_pdp += rowsum(P * dP) and b_off_p += rowsum(P) (see `dkv_one_head`).
+    b_gk as in `fwd_block`."""
     b_gk_next = key_gate(gk_base, i_s + BS, T, BS, USE_G)
     o_s = i_s + tl.arange(0, BS)
     m_s = o_s < T
@@ -158,12 +161,21 @@ def dq_block(
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
     if REFINE_DELTA:
         b_pdp_tile = b_p * b_dp
-        b_pdp += tl.sum(b_pdp_tile, 1)
+        b_pdp_row = tl.sum(b_pdp_tile, 1)
+        b_pdp += b_pdp_row
+        if USE_G:
+            if MASK:
+                off = o_t[:, None] != o_s[None, :]
+                b_off_pdp += tl.sum(tl.where(off, b_pdp_tile, 0), 1)
+                b_off_p += tl.sum(tl.where(off, b_p, 0), 1)
+            else:  # every key of an unmasked block precedes every query of the tile
+                b_off_pdp += b_pdp_row
+                b_off_p += tl.sum(b_p, 1)
         if COMPUTE_DQ:
             b_dq += tl.dot((b_pdp_tile - b_p * b_delta[:, None]).to(b_k.dtype), b_k, input_precision=DOT_PREC)
     else:
         b_dq += tl.dot((b_p * (b_dp - b_delta[:, None])).to(b_k.dtype), b_k, input_precision=DOT_PREC)
-    return b_dq, b_pdp, b_gk_next
+    return b_dq, b_pdp, b_off_pdp, b_off_p, b_gk_next
 
 
 @triton.jit
@@ -216,7 +228,10 @@ def dkv_block(
     b_dst = b_pt * (b_dpt - b_delta[None, :])
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
     if USE_G:
-        b_dgk += tl.sum(b_dst, 1)
+        if MASK:
+            b_dgk += tl.sum(tl.where(o_s[:, None] != o_t[None, :], b_dst, 0), 1)
+        else:
+            b_dgk += tl.sum(b_dst, 1)
     return b_dk, b_dv, b_dgk, b_lse_next, b_delta_next, b_gq_next
 
 
@@ -227,13 +242,15 @@ def dkv_one_head(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, write that head's gate
-    gradient dG for the tile's tokens; with a sink, write the tile's share of dsink = -sum_j p_sink_j * delta_j
+    """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
+    gate gradient dG for the tile's tokens; with a sink, write the tile's share of dsink = -sum_j p_sink_j * delta_j
     (one partial per tile, summed on the host in a fixed order, so dsink is deterministic).
 
-    dG_j = sum_i dS_ji (j as a query) - sum_i dS_ij (j as a key). The query-side sum has the closed form
-    delta_j * p_sink_j (0 without a sink): shifting a whole softmax row by G_j changes only the sink's share.
-    Summing the rounded dS terms instead gives noise that the reverse cumsum of dg then spreads along the sequence.
+    dG_j = sum_{i<j} dS_ji (j as a query) - sum_{i>j} dS_ij (j as a key). The pair (j, j) is left out of both: its
+    score does not depend on G (G_j - G_j), and its dS is a difference of two nearly equal numbers whenever j
+    attends mostly to itself (very negative gates: true dg ~1e-7 against a rounding error of ~1e-6). The dQ kernel
+    has already stored the query side, from fp32 row sums and the fp32 delta (see `dq_block`); this adds the key side.
+    The closed form delta_j * p_sink_j of the full query-side sum was used before: exact, but it keeps dS_jj.
     """
     o_s = s0 + tl.arange(0, BT)
     m_s = o_s < T
@@ -254,12 +271,10 @@ def dkv_one_head(
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
             o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
-    b_dg_query = tl.zeros([BT], dtype=tl.float32)
     if USE_SINK:
         b_lse = tl.load(lse_base + o_s, mask=m_s, other=float("inf"))
         b_delta = tl.load(delta_base + o_s, mask=m_s, other=0)
-        b_dg_query = b_delta * tl.exp2(b_sink - b_lse)
-        tl.store(dsink_ptr, -tl.sum(b_dg_query, 0))
+        tl.store(dsink_ptr, -tl.sum(b_delta * tl.exp2(b_sink - b_lse), 0))
     if USE_G:
-        tl.store(dg_base + o_s, b_dg_query - b_dgk, mask=m_s)
+        tl.store(dg_base + o_s, tl.load(dg_base + o_s, mask=m_s, other=0) - b_dgk, mask=m_s)
     return b_dk, b_dv

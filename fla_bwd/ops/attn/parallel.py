@@ -131,15 +131,16 @@ def parallel_attn_bwd_kernel_preprocess(
 @triton.heuristics({n: _HEURISTICS[n] for n in ("USE_G", "IS_VARLEN")})
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
-    q, k, v, do, dq, lse, delta, g_cumsum, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
+    q, k, v, do, dq, dG, lse, delta, g_cumsum, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr, COMPUTE_DQ: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
     """dQ for one query tile of one query head, over the same key ranges as the forward. With REFINE_DELTA it
-    also replaces delta by rowsum(P * dP) for the kernels that run next (see the end of this kernel); without
-    COMPUTE_DQ it does only that (the first of two passes, see `attn_bwd_dq`)."""
+    also replaces delta by rowsum(P * dP) for the kernels that run next (see the end of this kernel), and with
+    gates it stores the query side of dG (see `dkv_one_head`); without COMPUTE_DQ it does only that (the first of
+    two passes, see `attn_bwd_dq`)."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     i_bh, i_t = program_ids(B * HQ)
     i_t = tl.num_programs(0) // (B * HQ) - 1 - i_t
@@ -173,20 +174,22 @@ def parallel_attn_bwd_kernel_dq(
     # [BT, BK]
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_pdp = tl.zeros([BT], dtype=tl.float32)
+    b_off_pdp = tl.zeros([BT], dtype=tl.float32)
+    b_off_p = tl.zeros([BT], dtype=tl.float32)
     lo, mid, end = key_ranges(t0, T, W, BT, BS)
     b_gk = key_gate(g_base, lo, T, BS, USE_G)
     for i_s in range(lo, mid, BS):
-        b_dq, b_pdp, b_gk = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
-            H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G, COMPUTE_DQ)
+        b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t,
+            i_s, T, W, qk_scale, H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G, COMPUTE_DQ)
     for i_s in range(mid, t0, BS):
-        b_dq, b_pdp, b_gk = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
-            H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, False, DOT_PREC, USE_G, COMPUTE_DQ)
+        b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t,
+            i_s, T, W, qk_scale, H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, False, DOT_PREC, USE_G, COMPUTE_DQ)
     for i_s in range(t0, end, BS):
-        b_dq, b_pdp, b_gk = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
-            H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G, COMPUTE_DQ)
+        b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t,
+            i_s, T, W, qk_scale, H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G, COMPUTE_DQ)
     if COMPUTE_DQ:
         tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
     if REFINE_DELTA:
@@ -197,6 +200,9 @@ def parallel_attn_bwd_kernel_dq(
         # dK/dV kernel, which runs next and computes the key side of dG (and dK, and dsink) from it. With this,
         # that ratio is 2e-6 and dk's improves too (3.7e-3 -> 2.6e-3).
         tl.store(delta + row_base + o_t, b_pdp, mask=m_t)
+        if USE_G:
+            # Query side of dG_j: sum over keys i < j of P_ji * (dP_ji - delta_j), from the fp32 sums.
+            tl.store(dG + row_base + o_t, b_off_pdp - b_pdp * b_off_p, mask=m_t)
 
 
 @triton.jit
@@ -380,11 +386,12 @@ def attn_bwd_preprocess(o, do):
     return delta
 
 
-def attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, scale: float, W: int, cu_seqlens, delta_mode: str):
+def attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, dG, scale: float, W: int, cu_seqlens, delta_mode: str):
     """dq in q's dtype. `delta_mode` says how delta (rowsum(o * dO), from the rounded o) is treated:
     - "rounded": used as is (no gate, no sink: its ~1e-3 relative error costs dq and dk little);
     - "refine": dq uses it, then overwrites it with the fp32 rowsum(P * dP) for the dK/dV kernel (gates: dG is a
-      reverse cumsum of dS sums, which turns delta's error into a random walk along the sequence);
+      reverse cumsum of dS sums, which turns delta's error into a random walk along the sequence); with gates
+      it also stores the query side of dG into `dG` (see `dkv_one_head`);
     - "exact": a first pass computes rowsum(P * dP) (two of dQ's three products), then dq uses it (sinks: with a
       sink, dP - delta = p_sink * dP on a row that sees few keys, a small difference that the rounded delta
       swamps; bf16 dq error ratio 1.2e-2 at T = 1, 6.6e-3 at W = 1, against 1.6e-3 with the exact delta).
@@ -397,14 +404,14 @@ def attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, scale: float, W: int, cu_seql
     passes = {"rounded": [(False, True)], "refine": [(True, True)], "exact": [(True, False), (False, True)]}
     for refine, compute_dq in passes[delta_mode] if NT > 0 else []:
         parallel_attn_bwd_kernel_dq[(NT * B * HQ,)](
-            q=q, k=k, v=v, do=do, dq=dq, lse=lse, delta=delta, g_cumsum=g_cumsum, cu_seqlens=cu_seqlens,
+            q=q, k=k, v=v, do=do, dq=dq, dG=dG, lse=lse, delta=delta, g_cumsum=g_cumsum, cu_seqlens=cu_seqlens,
             chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, REFINE_DELTA=refine,
             COMPUTE_DQ=compute_dq, **dims, **cfg,
         )
     return dq
 
 
-def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens, path: str):
+def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, dG, sink_bias, scale: float, W: int, cu_seqlens, path: str):
     """dk, dv in the inputs' dtypes; dG `[HQ, B * T]` fp32, the gradient w.r.t. the gate's cumsum (None without a
     gate); dsink `[HQ]` fp32 (None without a sink). `path` is "gqa" (KV-head-owned kernel) or "legacy"
     (query-head-owned kernel + group sum)."""
@@ -412,7 +419,6 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: 
     dims = _dims(q, k, v)
     H, G, V = dims["H"], dims["G"], dims["V"]
     cfg = _config("dkv", max(K, V), q.dtype)
-    dG = empty(HQ, B * T, dtype=torch.float32, device=q.device) if g_cumsum is not None else None
     if path == "gqa":
         kernel, heads, NH, acc_dtype = parallel_attn_bwd_kernel_dkv_per_kv_head, B * H, H, q.dtype
     else:
@@ -566,8 +572,10 @@ def _parallel_attn_bwd_impl(
     sink = sink_bias.float().contiguous() if sink_bias is not None else None
     delta = attn_bwd_preprocess(o, do)
     delta_mode = "exact" if sink is not None else "refine" if gc is not None else "rounded"
-    dq = attn_bwd_dq(q, k, v, do, lse, delta, gc, scale, W, cu_seqlens, delta_mode)
-    dk, dv, dG, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, gc, sink, scale, W, cu_seqlens,
+    # dG (gradient w.r.t. the gate's cumsum): the dQ kernel stores its query side, the dK/dV kernel adds the key side.
+    dG = empty(*lse.shape, dtype=torch.float32, device=q.device) if gc is not None else None
+    dq = attn_bwd_dq(q, k, v, do, lse, delta, gc, dG, scale, W, cu_seqlens, delta_mode)
+    dk, dv, dG, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, gc, dG, sink, scale, W, cu_seqlens,
                                      select_dkv_kernel(q, k, v, W, cu_seqlens))
     dg = gate_grad(dG, B, T, cu_seqlens, g.dtype) if g is not None else _empty_f32(q.device)
     dsink = dsink.to(sink_bias.dtype) if sink_bias is not None else _empty_f32(q.device)
