@@ -46,6 +46,20 @@ def sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN: tl.conste
 
 
 @triton.jit
+def query_tile(B, T, cu_seqlens, chunk_indices, HQ: tl.constexpr, G: tl.constexpr, BT: tl.constexpr,
+               IS_VARLEN: tl.constexpr):
+    """The forward and dQ programs' prologue: (query head, KV head, int64 sequence start, sequence length, first
+    token of the tile, token positions, their mask). Causal tiles late in a sequence do the most work, so tiles are
+    taken in reverse order: those programs start first."""
+    i_bh, i_t = program_ids(B * HQ)
+    i_t = tl.num_programs(0) // (B * HQ) - 1 - i_t
+    i_b, i_hq = i_bh // HQ, i_bh % HQ
+    i_t, bos, T = sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    o_t = i_t * BT + tl.arange(0, BT)
+    return i_hq, i_hq // G, bos, T, i_t * BT, o_t, o_t < T
+
+
+@triton.jit
 def key_ranges(t0, T, W, BT: tl.constexpr, BS: tl.constexpr):
     """Key blocks for the query tile [t0, t0 + BT): [lo, mid) need the window mask, [mid, t0) are fully visible to
     every row, [t0, end) is the causal diagonal. Query i sees keys [i - W + 1, i]."""

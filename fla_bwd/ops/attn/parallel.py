@@ -26,6 +26,7 @@ from fla_bwd.ops.attn.inner import (
     key_gate,
     key_ranges,
     program_ids,
+    query_tile,
     sequence_bounds,
 )
 from fla_bwd.ops.utils.checks import check_attn_inputs, check_cu_seqlens_values, resolve_scale
@@ -54,15 +55,7 @@ def parallel_attn_fwd_kernel(
 ):
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
-    i_bh, i_t = program_ids(B * HQ)
-    # Causal tiles late in the sequence do the most work: launch them first.
-    i_t = tl.num_programs(0) // (B * HQ) - 1 - i_t
-    i_b, i_hq = i_bh // HQ, i_bh % HQ
-    i_h = i_hq // G
-    i_t, bos, T = sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN)
-    t0 = i_t * BT
-    o_t = t0 + tl.arange(0, BT)
-    m_t = o_t < T
+    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ, G, BT, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     q_base = q + (bos * HQ + i_hq) * K
@@ -142,14 +135,7 @@ def parallel_attn_bwd_kernel_dq(
     gates it stores the query side of dG (see `dkv_one_head`); without COMPUTE_DQ it does only that (the first of
     two passes, see `attn_bwd_dq`)."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
-    i_bh, i_t = program_ids(B * HQ)
-    i_t = tl.num_programs(0) // (B * HQ) - 1 - i_t
-    i_b, i_hq = i_bh // HQ, i_bh % HQ
-    i_h = i_hq // G
-    i_t, bos, T = sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN)
-    t0 = i_t * BT
-    o_t = t0 + tl.arange(0, BT)
-    m_t = o_t < T
+    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ, G, BT, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     k_base = k + (bos * H + i_h) * K
