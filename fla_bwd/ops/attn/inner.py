@@ -60,6 +60,19 @@ def query_tile(B, T, cu_seqlens, chunk_indices, HQ: tl.constexpr, G: tl.constexp
 
 
 @triton.jit
+def key_tile(B, T, cu_seqlens, chunk_indices, NH: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The dK/dV programs' prologue, over NH head programs per batch: (head, dsink slot of this tile, number of
+    slots, int64 sequence start, sequence length, first key of the tile, key positions, their mask). Tiles keep
+    their natural order: the first key tiles of a causal sequence see the most queries and so start first."""
+    i_bh, i_tile = program_ids(B * NH)
+    num_tiles = tl.num_programs(0) // (B * NH)
+    i_b, i_head = i_bh // NH, i_bh % NH
+    i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    o_s = i_t * BT + tl.arange(0, BT)
+    return i_head, i_b * num_tiles + i_tile, B * num_tiles, bos, T, i_t * BT, o_s, o_s < T
+
+
+@triton.jit
 def key_ranges(t0, T, W, BT: tl.constexpr, BS: tl.constexpr):
     """Key blocks for the query tile [t0, t0 + BT): [lo, mid) need the window mask, [mid, t0) are fully visible to
     every row, [t0, end) is the causal diagonal. Query i sees keys [i - W + 1, i]."""

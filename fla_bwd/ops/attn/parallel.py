@@ -25,9 +25,9 @@ from fla_bwd.ops.attn.inner import (
     fwd_block,
     key_gate,
     key_ranges,
+    key_tile,
     program_ids,
     query_tile,
-    sequence_bounds,
 )
 from fla_bwd.ops.utils.checks import check_attn_inputs, check_cu_seqlens_values, resolve_scale
 from fla_bwd.ops.utils.cumsum import gate_cumsum, gate_grad
@@ -252,21 +252,13 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
     """Legacy dK/dV: one program per (key tile, query head). Writes `[B, T, HQ, *]` buffers (fp32 when G > 1;
     the host then sums each group of G heads)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
-    i_bh, i_tile = program_ids(B * HQ)
-    num_tiles = tl.num_programs(0) // (B * HQ)
-    i_b, i_hq = i_bh // HQ, i_bh % HQ
-    i_h = i_hq // G
-    i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN)
-    s0 = i_t * BT
-    o_s = s0 + tl.arange(0, BT)
-    m_s = o_s < T
-    b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H, K, V, BK, BV)
+    i_hq, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, HQ, BT, IS_VARLEN)
+    b_k, b_v = _load_kv_tile(k, v, bos, i_hq // G, o_s, m_s, H, K, V, BK, BV)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dv = tl.zeros([BT, BV], dtype=tl.float32)
     b_dk, b_dv = _dkv_head(
-        q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_hq,
-        i_b * num_tiles + i_tile, B * num_tiles, bos, s0, T, W, NTOK, scale * LOG2E,
-        HQ, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
+        q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_hq, i_slot, num_slots,
+        bos, s0, T, W, NTOK, scale * LOG2E, HQ, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
     _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_hq, o_s, m_s, HQ, K, V, BK, BV)
 
 
@@ -283,21 +275,14 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
     dtype: no HQ-shaped scratch, no reduction kernel, no atomics (so it is deterministic)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
-    i_bh, i_tile = program_ids(B * H)
-    num_tiles = tl.num_programs(0) // (B * H)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN)
-    s0 = i_t * BT
-    o_s = s0 + tl.arange(0, BT)
-    m_s = o_s < T
+    i_h, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, H, BT, IS_VARLEN)
     b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H, K, V, BK, BV)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dv = tl.zeros([BT, BV], dtype=tl.float32)
     for i_g in range(G):
         b_dk, b_dv = _dkv_head(
-            q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_h * G + i_g,
-            i_b * num_tiles + i_tile, B * num_tiles, bos, s0, T, W, NTOK, scale * LOG2E,
-            HQ, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
+            q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_h * G + i_g, i_slot,
+            num_slots, bos, s0, T, W, NTOK, scale * LOG2E, HQ, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
     _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_h, o_s, m_s, H, K, V, BK, BV)
 
 
