@@ -1,12 +1,14 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """Causal softmax attention in Triton: forward, dQ, and two dK/dV kernels (query-head-owned and KV-head-owned).
 
-Layers, top to bottom: kernels; host launchers; the dK/dV dispatch; the autograd Function; `parallel_attn`.
+Layers, top to bottom: kernels; host launchers; the dK/dV dispatch; autograd (two torch.library custom ops, which
+torch.compile sees, and a plain autograd.Function over the same implementations for eager calls); `parallel_attn`.
 
 Layouts. Inputs are token-major, `[B, T, heads, dim]`. Per-(head, token) fp32 side tensors (log-sum-exp, delta,
 the gate's cumulative sum G and its gradient dG) are head-major, `[HQ, B * T]`, so a tile of tokens of one head is
 one contiguous load. A packed batch (`cu_seqlens`) has B == 1; every kernel maps its tile to (sequence start
-`bos`, sequence length `T`) once, in `sequence_bounds`, and then addresses through int64 base pointers.
+`bos`, sequence length `T`) once, in `sequence_bounds` (through the `query_tile`/`key_tile` prologues), and then
+addresses through int64 base pointers.
 """
 
 import contextlib
