@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Where the host time of one `parallel_attn` backward goes, on a GPU (PERF.md #11 left it unexplained).
+
+Prints, for each shape: the synchronised wall time of a backward call, the CPU time to issue it (no sync, queue
+empty), the issue time of each launcher alone, the launch floor of a trivial Triton kernel with as many arguments,
+and the top of a cProfile of repeated backward calls.
+
+    python scripts/profile_host.py --shapes gqa4-short,mha-short
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from fla_bwd.ops.attn import parallel as P
+from fla_bwd.ops.attn import parallel_attn
+
+SHAPES = {"gqa4-short": (4, 512, 32, 8, 128), "mha-short": (4, 512, 32, 32, 128)}
+
+
+@triton.jit
+def _nop_kernel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
+                C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
+    pass
+
+
+def _issue_us(fn, calls=50):
+    """CPU microseconds to issue fn with an idle GPU queue (median)."""
+    out = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+def _wall_us(fn, calls=50):
+    out = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(out)
+
+
+def profile_shape(name: str, top: int) -> None:
+    B, T, HQ, H, D = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, T, HQ, D, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
+    k = torch.randn(B, T, H, D, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
+    v = torch.randn(B, T, H, D, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
+    do = torch.randn(B, T, HQ, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+    o = parallel_attn(q, k, v)
+    leaves = [q, k, v]
+
+    def bwd():
+        return torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+    for _ in range(5):
+        bwd()
+    torch.cuda.synchronize()
+    print(f"\n== {name}: B{B} T{T} HQ{HQ} H{H} D{D}; dkv path {P.select_dkv_kernel(q, k, v)}")
+    print(f"backward: wall {_wall_us(bwd):.1f} us, issue {_issue_us(bwd):.1f} us; "
+          f"forward issue {_issue_us(lambda: parallel_attn(q, k, v)):.1f} us")
+    with torch.no_grad():
+        o2, lse, _ = P._parallel_attn_fwd_impl(q, k, v, None, None, None, D ** -0.5, 0)
+        delta = P.attn_bwd_preprocess(o2, do)
+        W = T
+        parts = {
+            "preprocess": lambda: P.attn_bwd_preprocess(o2, do),
+            "dq": lambda: P.attn_bwd_dq(q, k, v, do, lse, delta, None, None, D ** -0.5, W, None, "rounded"),
+            "dkv gqa": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, None, D ** -0.5, W, None,
+                                              "gqa"),
+            "dkv legacy": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, None, D ** -0.5, W,
+                                                 None, "legacy"),
+            "select_dkv_kernel": lambda: P.select_dkv_kernel(q, k, v, W, None),
+            "bwd impl": lambda: P._parallel_attn_bwd_impl(do, q, k, v, o2, lse, None, None, None, None,
+                                                          D ** -0.5, 0),
+        }
+        for label, fn in parts.items():
+            fn()
+            print(f"  issue {label:18s} {_issue_us(fn):8.1f} us")
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(100):
+        bwd()
+        torch.cuda.synchronize()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    print("cProfile, 100 synchronised backward calls, by own time:")
+    print("\n".join(s.getvalue().splitlines()[:top + 12]))
+
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="gqa4-short,mha-short")
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args()
+    x = torch.zeros(16, device="cuda")
+    nop = [lambda: _nop_kernel[(1,)](*([x] * 20), C0=1, C1=2, C2=3, C3=4),
+           lambda: _nop_kernel[(1,)](*([x] * 10 + [1] * 10), C0=1, C1=2, C2=3, C3=4)]
+    for f in nop:
+        f()
+    print(f"trivial Triton launch, 20 tensor args: {_issue_us(nop[0]):.1f} us; 10 tensors + 10 ints: "
+          f"{_issue_us(nop[1]):.1f} us; torch.empty: {_issue_us(lambda: torch.empty(64, device='cuda')):.1f} us")
+    for name in args.shapes.split(","):
+        profile_shape(name, args.top)
+
+
+if __name__ == "__main__":
+    main()
