@@ -22,6 +22,7 @@ import triton.language as tl
 
 from fla_bwd.ops.attn import parallel as P
 from fla_bwd.ops.attn import parallel_attn
+from fla_bwd.ops.utils.launch import set_fast_launch
 
 SHAPES = {"gqa4-short": (4, 512, 32, 8, 128), "mha-short": (4, 512, 32, 32, 128)}
 
@@ -72,15 +73,17 @@ def profile_shape(name: str, top: int) -> None:
         bwd()
     torch.cuda.synchronize()
     print(f"\n== {name}: B{B} T{T} HQ{HQ} H{H} D{D}; dkv path {P.select_dkv_kernel(q, k, v)}")
-    print(f"backward: wall {_wall_us(bwd):.1f} us, issue {_issue_us(bwd):.1f} us; "
-          f"forward issue {_issue_us(lambda: parallel_attn(q, k, v)):.1f} us")
+    for fast in (True, False):
+        set_fast_launch(fast)
+        print(f"{'fast launch ' if fast else 'kernel[grid]'}: backward wall {_wall_us(bwd):.1f} us, issue "
+              f"{_issue_us(bwd):.1f} us; forward issue {_issue_us(lambda: parallel_attn(q, k, v)):.1f} us")
+    set_fast_launch(True)
     with torch.no_grad():
         o2, lse, _ = P._parallel_attn_fwd_impl(q, k, v, None, None, None, D ** -0.5, 0)
-        delta = P.attn_bwd_preprocess(o2, do)
+        _, delta = P.attn_bwd_dq(q, k, v, o2, do, lse, None, None, D ** -0.5, T, None, "rounded")
         W = T
         parts = {
-            "preprocess": lambda: P.attn_bwd_preprocess(o2, do),
-            "dq": lambda: P.attn_bwd_dq(q, k, v, do, lse, delta, None, None, D ** -0.5, W, None, "rounded"),
+            "dq (+delta)": lambda: P.attn_bwd_dq(q, k, v, o2, do, lse, None, None, D ** -0.5, W, None, "rounded"),
             "dkv gqa": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, None, D ** -0.5, W, None,
                                               "gqa"),
             "dkv legacy": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, None, D ** -0.5, W,
@@ -91,7 +94,11 @@ def profile_shape(name: str, top: int) -> None:
         }
         for label, fn in parts.items():
             fn()
-            print(f"  issue {label:18s} {_issue_us(fn):8.1f} us")
+            fast = _issue_us(fn)
+            set_fast_launch(False)
+            slow = _issue_us(fn)
+            set_fast_launch(True)
+            print(f"  issue {label:18s} {fast:8.1f} us (through kernel[grid]: {slow:8.1f} us)")
     prof = cProfile.Profile()
     torch.cuda.synchronize()
     prof.enable()

@@ -28,12 +28,12 @@ from fla_bwd.ops.attn.inner import (
     key_gate,
     key_ranges,
     key_tile,
-    program_ids,
     query_tile,
 )
 from fla_bwd.ops.utils.checks import check_attn_inputs, check_cu_seqlens_values, resolve_scale
 from fla_bwd.ops.utils.cumsum import gate_cumsum, gate_grad
 from fla_bwd.ops.utils.index import chunk_indices, seqlen_offsets
+from fla_bwd.ops.utils.launch import Launcher
 from fla_bwd.utils import empty, install_interpreter_bf16_fix, is_interpreter
 
 _HEURISTICS = {
@@ -106,36 +106,21 @@ def parallel_attn_fwd_kernel(
     tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
 
 
-@triton.jit(do_not_specialize=["NTOK"])
-def parallel_attn_bwd_kernel_preprocess(
-    o, do, delta, NTOK, HQ: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-):
-    """delta = rowsum(o * do) per (head, token), over the flat token axis (packing needs no special case)."""
-    i_hq, i_t = program_ids(HQ)
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < NTOK
-    o_v = tl.arange(0, BV)
-    m = m_t[:, None] & (o_v[None, :] < V)
-    p = (o_t[:, None].to(tl.int64) * HQ + i_hq) * V + o_v[None, :]
-    # [BT, BV]
-    b_o = tl.load(o + p, mask=m, other=0).to(tl.float32)
-    b_do = tl.load(do + p, mask=m, other=0).to(tl.float32)
-    tl.store(delta + i_hq.to(tl.int64) * NTOK + o_t, tl.sum(b_o * b_do, 1), mask=m_t)
-
-
 @triton.heuristics({n: _HEURISTICS[n] for n in ("USE_G", "IS_VARLEN")})
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
-    q, k, v, do, dq, dG, lse, delta, g_cumsum, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
+    q, k, v, o, do, dq, dG, lse, delta, g_cumsum, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr, COMPUTE_DQ: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, DELTA_FROM_O: tl.constexpr, REFINE_DELTA: tl.constexpr,
+    COMPUTE_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """dQ for one query tile of one query head, over the same key ranges as the forward. With REFINE_DELTA it
-    also replaces delta by rowsum(P * dP) for the kernels that run next (see the end of this kernel), and with
-    gates it stores the query side of dG (see `dkv_one_head`); without COMPUTE_DQ it does only that (the first of
-    two passes, see `attn_bwd_dq`)."""
+    """dQ for one query tile of one query head, over the same key ranges as the forward. With DELTA_FROM_O it
+    computes delta = rowsum(o * dO) of its rows and stores it for the dK/dV kernel (no separate preprocess
+    launch: one kernel launch costs 26-43 us of host time on the H200 machine, PERF.md #13); otherwise it reads
+    delta. With REFINE_DELTA it also replaces delta by rowsum(P * dP) for the kernels that run next (see the end
+    of this kernel), and with gates it stores the query side of dG (see `dkv_one_head`); without COMPUTE_DQ it
+    does only that (the first of two passes, see `attn_bwd_dq`)."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ, G, BT, IS_VARLEN)
     o_k = tl.arange(0, BK)
@@ -150,11 +135,17 @@ def parallel_attn_bwd_kernel_dq(
     m_q = m_t[:, None] & (o_k[None, :] < K)
     # [BT, BK]
     b_q = tl.load(q + p_q, mask=m_q, other=0)
+    p_o = (bos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :]
+    m_o = m_t[:, None] & (o_v[None, :] < V)
     # [BT, BV]
-    b_do = tl.load(do + (bos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :],
-                   mask=m_t[:, None] & (o_v[None, :] < V), other=0)
+    b_do = tl.load(do + p_o, mask=m_o, other=0)
     b_lse = tl.load(lse + row_base + o_t, mask=m_t, other=float("inf"))
-    b_delta = tl.load(delta + row_base + o_t, mask=m_t, other=0)
+    if DELTA_FROM_O:
+        b_delta = tl.sum(tl.load(o + p_o, mask=m_o, other=0).to(tl.float32) * b_do.to(tl.float32), 1)
+        if not REFINE_DELTA:
+            tl.store(delta + row_base + o_t, b_delta, mask=m_t)
+    else:
+        b_delta = tl.load(delta + row_base + o_t, mask=m_t, other=0)
     b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
@@ -292,6 +283,12 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
 # Host launchers
 # ----------------------------------------------------------------------------------------------------------------
 
+_launch_fwd = Launcher(parallel_attn_fwd_kernel)
+_launch_dq = Launcher(parallel_attn_bwd_kernel_dq)
+_launch_dkv_per_query_head = Launcher(parallel_attn_bwd_kernel_dkv_per_query_head)
+_launch_dkv_per_kv_head = Launcher(parallel_attn_bwd_kernel_dkv_per_kv_head)
+
+
 def _config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tile sizes and launch shape per kernel, head dim (the larger of K and V) and input dtype. Under the CPU
     interpreter small tiles make the tests' short sequences cross every range (window, unmasked, diagonal) of the
@@ -339,28 +336,16 @@ def attn_fwd(q, k, v, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens):
     lse = empty(HQ, B * T, dtype=torch.float32, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
     if NT > 0:
-        parallel_attn_fwd_kernel[(NT * B * HQ,)](
-            q=q, k=k, v=v, o=o, lse=lse, g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens,
+        _launch_fwd(
+            (NT * B * HQ,), q=q, k=k, v=v, o=o, lse=lse, g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens,
             chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg,
         )
     return o, lse
 
 
-def attn_bwd_preprocess(o, do):
-    """delta = rowsum(o * do), `[HQ, B * T]` fp32."""
-    B, T, HQ, V = o.shape
-    BT = 32 if is_interpreter() else 64
-    NB = triton.cdiv(B * T, BT)
-    delta = empty(HQ, B * T, dtype=torch.float32, device=o.device)
-    if NB > 0:
-        parallel_attn_bwd_kernel_preprocess[(NB * HQ,)](
-            o=o, do=do, delta=delta, NTOK=B * T, HQ=HQ, V=V, BT=BT, BV=max(16, triton.next_power_of_2(V)),
-        )
-    return delta
-
-
-def attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, dG, scale: float, W: int, cu_seqlens, delta_mode: str):
-    """dq in q's dtype. `delta_mode` says how delta (rowsum(o * dO), from the rounded o) is treated:
+def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dG, scale: float, W: int, cu_seqlens, delta_mode: str):
+    """dq in q's dtype, and delta `[HQ, B * T]` fp32 for the dK/dV kernel. `delta_mode` says how delta
+    (rowsum(o * dO), from the rounded o) is computed and treated:
     - "rounded": used as is (no gate, no sink: its ~1e-3 relative error costs dq and dk little);
     - "refine": dq uses it, then overwrites it with the fp32 rowsum(P * dP) for the dK/dV kernel (gates: dG is a
       reverse cumsum of dS sums, which turns delta's error into a random walk along the sequence); with gates
@@ -373,15 +358,18 @@ def attn_bwd_dq(q, k, v, do, lse, delta, g_cumsum, dG, scale: float, W: int, cu_
     dims = _dims(q, k, v)
     cfg = _config("dq", max(dims["K"], dims["V"]), q.dtype)
     dq = empty(*q.shape, dtype=q.dtype, device=q.device)
+    delta = empty(HQ, B * T, dtype=torch.float32, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
-    passes = {"rounded": [(False, True)], "refine": [(True, True)], "exact": [(True, False), (False, True)]}
-    for refine, compute_dq in passes[delta_mode] if NT > 0 else []:
-        parallel_attn_bwd_kernel_dq[(NT * B * HQ,)](
-            q=q, k=k, v=v, do=do, dq=dq, dG=dG, lse=lse, delta=delta, g_cumsum=g_cumsum, cu_seqlens=cu_seqlens,
-            chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, REFINE_DELTA=refine,
-            COMPUTE_DQ=compute_dq, **dims, **cfg,
+    # (DELTA_FROM_O, REFINE_DELTA, COMPUTE_DQ) per pass
+    passes = {"rounded": [(True, False, True)], "refine": [(True, True, True)],
+              "exact": [(False, True, False), (False, False, True)]}
+    for from_o, refine, compute_dq in passes[delta_mode] if NT > 0 else []:
+        _launch_dq(
+            (NT * B * HQ,), q=q, k=k, v=v, o=o, do=do, dq=dq, dG=dG, lse=lse, delta=delta, g_cumsum=g_cumsum,
+            cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B,
+            DELTA_FROM_O=from_o, REFINE_DELTA=refine, COMPUTE_DQ=compute_dq, **dims, **cfg,
         )
-    return dq
+    return dq, delta
 
 
 def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, dG, sink_bias, scale: float, W: int, cu_seqlens, path: str):
@@ -393,19 +381,19 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, dG, sink_bias, scale: float,
     H, G, V = dims["H"], dims["G"], dims["V"]
     cfg = _config("dkv", max(K, V), q.dtype)
     if path == "gqa":
-        kernel, heads, NH, acc_dtype = parallel_attn_bwd_kernel_dkv_per_kv_head, B * H, H, q.dtype
+        kernel, heads, NH, acc_dtype = _launch_dkv_per_kv_head, B * H, H, q.dtype
     else:
         # The legacy kernel writes one dK/dV per query head; with G > 1 they are summed in fp32 below.
-        kernel, heads, NH = parallel_attn_bwd_kernel_dkv_per_query_head, B * HQ, HQ
+        kernel, heads, NH = _launch_dkv_per_query_head, B * HQ, HQ
         acc_dtype = q.dtype if G == 1 else torch.float32
     dk = empty(B, T, NH, K, dtype=acc_dtype, device=q.device)
     dv = empty(B, T, NH, V, dtype=acc_dtype, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
     partial = empty(HQ, NT * B, dtype=torch.float32, device=q.device) if sink_bias is not None else None
     if NT > 0:
-        kernel[(NT * heads,)](
-            q=q, k=k, v=v, do=do, dk=dk, dv=dv, dG=dG, dsink_partial=partial, lse=lse, delta=delta, g_cumsum=g_cumsum,
-            sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W,
+        kernel(
+            (NT * heads,), q=q, k=k, v=v, do=do, dk=dk, dv=dv, dG=dG, dsink_partial=partial, lse=lse, delta=delta,
+            g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W,
             NTOK=B * T, B=B, **dims, **cfg,
         )
     if NH != H:
@@ -501,6 +489,14 @@ def _gqa_load_balanced(lengths: tuple, H: int, G: int, D: int, W: int, sms: int)
 # rather than a `torch.autograd.Function`. Optional outputs (the gate's cumsum, dg, dsink) are returned as empty
 # tensors when absent, since a custom op cannot return None.
 
+def _on_device(device: torch.device):
+    """Triton launches on the current CUDA device (and its current stream): inputs on another GPU need it switched
+    for the call (a tensor on cuda:1 while cuda:0 is current would otherwise be read from the wrong device)."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def _empty_f32(device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32, device=device)
 
@@ -512,6 +508,11 @@ def _parallel_attn_fwd_impl(
     """(o, lse, G * log2 e or empty). `window_size` 0 means full causal."""
     if is_interpreter():
         install_interpreter_bf16_fix()
+    with _on_device(q.device):
+        return _parallel_attn_fwd_launch(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
+
+
+def _parallel_attn_fwd_launch(q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
     if cu_seqlens is not None:
         check_cu_seqlens_values(cu_seqlens, q.shape[1])
     W = _window(window_size, q.shape[1])
@@ -539,15 +540,20 @@ def _parallel_attn_bwd_impl(
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg or empty, dsink or empty); dg and dsink in g's and sink_bias's dtypes."""
+    with _on_device(q.device):
+        return _parallel_attn_bwd_launch(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale,
+                                         window_size)
+
+
+def _parallel_attn_bwd_launch(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size):
     B, T = q.shape[:2]
     W = _window(window_size, T)
     gc = g_cumsum if g is not None else None
     sink = sink_bias.float().contiguous() if sink_bias is not None else None
-    delta = attn_bwd_preprocess(o, do)
     delta_mode = "exact" if sink is not None else "refine" if gc is not None else "rounded"
     # dG (gradient w.r.t. the gate's cumsum): the dQ kernel stores its query side, the dK/dV kernel adds the key side.
     dG = empty(*lse.shape, dtype=torch.float32, device=q.device) if gc is not None else None
-    dq = attn_bwd_dq(q, k, v, do, lse, delta, gc, dG, scale, W, cu_seqlens, delta_mode)
+    dq, delta = attn_bwd_dq(q, k, v, o, do, lse, gc, dG, scale, W, cu_seqlens, delta_mode)
     dk, dv, dG, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, gc, dG, sink, scale, W, cu_seqlens,
                                      select_dkv_kernel(q, k, v, W, cu_seqlens))
     dg = gate_grad(dG, B, T, cu_seqlens, g.dtype) if g is not None else _empty_f32(q.device)

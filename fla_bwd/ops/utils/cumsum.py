@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_bwd.ops.utils.launch import Launcher
 from fla_bwd.utils import empty
 
 
@@ -45,11 +46,14 @@ def segment_cumsum_kernel(
                  mask=m)
 
 
+_launch_segment_cumsum = Launcher(segment_cumsum_kernel)
+
+
 def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse, scale=1.0):
     BH = min(16, triton.next_power_of_2(NH))
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    segment_cumsum_kernel[(N, triton.cdiv(NH, BH))](
-        x=x, y=y, cu_seqlens=cu_seqlens, T=T,
+    _launch_segment_cumsum(
+        (N, triton.cdiv(NH, BH)), x=x, y=y, cu_seqlens=cu_seqlens, T=T,
         stride_x_t=x_strides[0], stride_x_h=x_strides[1], stride_y_t=y_strides[0], stride_y_h=y_strides[1],
         NH=NH, BT=64, BH=BH, REVERSE=reverse, SCALE=scale,
     )

@@ -1,0 +1,94 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""`fla_bwd.ops.utils.launch.Launcher`: the cache key separates every specialisation Triton compiles apart, and a
+cached compiled kernel receives every parameter in signature order. The fast path itself runs only on a GPU (the
+GPU suite exercises it on every repeated call); here a stand-in compiled kernel checks its calls."""
+
+import pytest
+import torch
+from triton.runtime.jit import JITFunction
+
+import fla_bwd.ops.utils.launch as launch
+
+
+def _toy(x, y, n, scale, C: "tl.constexpr"):  # noqa: F821 - a constexpr annotation, never evaluated
+    pass
+
+
+class _Compiled:
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append((grid, args))
+
+    def run(self, *args):  # present on a real compiled kernel; the launcher only checks that it exists
+        raise AssertionError("not called directly")
+
+
+class _Wrapped:
+    """A stand-in for triton.heuristics: `.fn` holds the JITFunction; a launch compiles (counted) and returns."""
+
+    def __init__(self):
+        self.fn = JITFunction(_toy)
+        self.compiled = _Compiled()
+        self.launches = 0
+
+    def __getitem__(self, grid):
+        def run(**kwargs):
+            self.launches += 1
+            return self.compiled
+        return run
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+    monkeypatch.setattr(launch, "is_interpreter", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    launch.set_fast_launch(True)
+    return launch.Launcher(_Wrapped())
+
+
+def _key(launcher, **kwargs):
+    launcher.names = launcher.names or tuple(launcher.kernel.fn.arg_names)
+    launcher.constexpr = launcher.constexpr or tuple(p.is_constexpr for p in launcher.kernel.fn.params)
+    base = dict(x=torch.zeros(8), y=None, n=100, scale=0.5, C=4, num_warps=4)
+    return launcher.key({**base, **kwargs})
+
+
+def test_key_separates_specialisations(launcher):
+    base = _key(launcher)
+    assert _key(launcher, n=200) == base  # neither 1 nor a multiple of 16, both int32: one kernel
+    assert _key(launcher, x=torch.zeros(8, dtype=torch.float16)) != base  # dtype
+    assert _key(launcher, x=torch.zeros(9)[1:]) != base  # 4-byte offset: not 16-byte aligned
+    assert _key(launcher, y=torch.zeros(8)) != base  # None vs a tensor
+    assert _key(launcher, n=2 ** 31) != base  # int64
+    assert _key(launcher, n=1) != base  # == 1
+    assert _key(launcher, n=32) != base  # multiple of 16
+    assert _key(launcher, C=8) != base  # constexpr value
+    assert _key(launcher, num_warps=8) != base  # launch option
+
+
+def test_cached_kernel_gets_every_parameter_in_order(launcher):
+    x, y = torch.zeros(8), torch.zeros(8)
+    launcher((3,), x=x, y=y, n=100, scale=0.5, C=4)
+    assert launcher.kernel.launches == 1 and not launcher.kernel.compiled.calls
+    launcher((5,), x=x, y=y, n=300, scale=0.25, C=4)
+    assert launcher.kernel.launches == 1
+    assert launcher.kernel.compiled.calls == [((5,), (x, y, 300, 0.25, 4))]
+    launcher((5,), x=x, y=y, n=300, scale=0.25, C=8)  # a new constexpr: Triton's path again
+    assert launcher.kernel.launches == 2
+
+
+def test_fast_launch_off_always_takes_tritons_path(launcher):
+    launch.set_fast_launch(False)
+    try:
+        for _ in range(3):
+            launcher((1,), x=torch.zeros(8), y=None, n=100, scale=0.5, C=4)
+    finally:
+        launch.set_fast_launch(True)
+    assert launcher.kernel.launches == 3 and not launcher.kernel.compiled.calls
+
+
+def test_unsupported_argument_type_is_named(launcher):
+    with pytest.raises(TypeError, match="unsupported argument type list"):
+        _key(launcher, n=[1])
