@@ -79,6 +79,8 @@ def resolve(args):
         raise UsageError("--ab needs --repeats >= 5 (at least five independent comparisons)")
     if args.defer_gate and (args.skip_gate or args.gate_only):
         raise UsageError("--defer-gate cannot be combined with --skip-gate or --gate-only")
+    if args.defer_gate and not args.part:
+        raise UsageError("--defer-gate needs --part K/N with K >= 2 (part 1 runs the gate)")
     if args.smoke and not args.shapes and not args.custom:
         shapes = [SMOKE_SHAPES[0]]
     else:
