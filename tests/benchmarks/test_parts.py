@@ -15,10 +15,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from test_runner import run_cli, synthetic  # noqa: E402
+
 from benchmarks import merge as M  # noqa: E402
 from benchmarks.ops import plan, registry  # noqa: E402
 from benchmarks.ops.shapes import PEERS, unsupported  # noqa: E402
-from test_runner import run_cli, synthetic  # noqa: E402
 
 FP = "0123456789abcdef"
 COMMIT = "ab6efdcd692e1fd5cf04c6079faef679a718b6d1"
