@@ -1,28 +1,54 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 #
-# The full H200 benchmark in one command, from the repository root, with .whl/ carried
-# (scripts/fetch_bench_wheels.sh fills it):
-#     bash benchmarks/gpu_run.sh
-# Installs the carried peer wheels into /tmp/site, runs the correctness gate and every registered shape (bwd and
-# fwdbwd; fwd on the forward control) with the dispatch-vs-legacy A/B and all peers, then writes into $OUT:
-#     summary.json  summary.md  bwd_tflops.png  logs/{run,report,pip,env}.log
-# and prints the backward-alone table last. Finishes in about BENCH_TOTAL_S seconds (default 450) at most.
-# Knobs (environment): BENCH_TOTAL_S, GATE_TIMEOUT_S, ITERS, REPEATS, PEERS, SHAPES, OVERHEAD_SHAPES.
+# The full H200 benchmark, from the repository root, with .whl/ carried (scripts/fetch_bench_wheels.sh fills it).
+# Split into parts that each fit one device command (<= 9 minutes; benchmarks/ops/plan.py balances them):
+#     PART=1 bash benchmarks/gpu_run.sh      # the gate + part 1 of PARTS (default 3)
+#     PART=2 bash benchmarks/gpu_run.sh      # part 2: no gate (inherits part 1's stamp, else deferred to the merge)
+#     PART=3 bash benchmarks/gpu_run.sh
+#     python benchmarks/merge.py .../summary-part1.json .../summary-part2.json .../summary-part3.json --out-dir DIR
+# or, unsplit (too long for one 10-minute command with every peer): bash benchmarks/gpu_run.sh
+# Installs the carried peer wheels into /tmp/site, runs the correctness gate and the shapes (bwd and fwdbwd; fwd on
+# the forward control) with the dispatch-vs-legacy A/B and all peers, then writes into $OUT:
+#     summary[-partK].json  summary[-partK].md  bwd_tflops[-partK].png  logs/{run[-partK],report,pip,env,plan}.log
+# and prints the backward-alone table last. Finishes in about BENCH_TOTAL_S seconds at most (default 540 for a
+# part, 450 unsplit). Knobs (environment): PART, PARTS, GATE (auto|run|defer), GATE_STAMP, GATE_WORKERS,
+# BENCH_COMMIT, BENCH_TOTAL_S, GATE_TIMEOUT_S, ITERS, REPEATS, PEERS, SHAPES, OVERHEAD_SHAPES.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
 OUT=${OUT:-$PWD/bench_out}
 mkdir -p "$OUT/logs"
-TOTAL=${BENCH_TOTAL_S:-450}
+PART=${PART:-}
+PARTS=${PARTS:-3}
+GATE=${GATE:-auto}
+GATE_STAMP=${GATE_STAMP:-/tmp/fla_bwd-bench-gate.json}  # outside the tree: survives between commands on one machine
+if [ -n "$PART" ]; then
+  case "$PART" in *[!0-9]*) echo "PART must be a number, got '$PART'" >&2; exit 2;; esac
+  if [ "$PART" -lt 1 ] || [ "$PART" -gt "$PARTS" ]; then echo "PART must be 1..$PARTS, got $PART" >&2; exit 2; fi
+  TOTAL=${BENCH_TOTAL_S:-540}
+  TAG="-part$PART"
+else
+  TOTAL=${BENCH_TOTAL_S:-450}
+  TAG=""
+fi
+case "$GATE" in
+  auto) if [ -n "$PART" ] && [ "$PART" -gt 1 ]; then GATE=defer; else GATE=run; fi;;
+  run|defer) ;;
+  *) echo "GATE must be auto, run or defer, got '$GATE'" >&2; exit 2;;
+esac
 GATE_TIMEOUT=${GATE_TIMEOUT_S:-200}
 ITERS=${ITERS:-10}
 REPEATS=${REPEATS:-5}
 PEERS=${PEERS:-flex,sdpa-cudnn,sdpa-fa2,fla,fa3}
 SHAPES=${SHAPES:-all}
-if [ "$SHAPES" = all ]; then OVERHEAD_SHAPES=${OVERHEAD_SHAPES-mha-short,gqa4-short}; else OVERHEAD_SHAPES=${OVERHEAD_SHAPES-}; fi
+if [ "$SHAPES" = all ] || [ -n "$PART" ]; then OVERHEAD_SHAPES=${OVERHEAD_SHAPES-mha-short,gqa4-short}; else OVERHEAD_SHAPES=${OVERHEAD_SHAPES-}; fi
 OVERHEAD_ARGS=()
 [ -n "$OVERHEAD_SHAPES" ] && OVERHEAD_ARGS=(--overhead "$OVERHEAD_SHAPES")
+PART_ARGS=()
+[ -n "$PART" ] && PART_ARGS=(--part "$PART/$PARTS")
+if [ "$GATE" = defer ]; then PART_ARGS+=(--defer-gate --gate-stamp "$GATE_STAMP")
+else PART_ARGS+=(--gate-stamp "$GATE_STAMP"); fi
 PY=${PYTHON:-python3}
 since() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[gpu_run +$(since)s] $*"; }
@@ -30,9 +56,14 @@ say() { echo "[gpu_run +$(since)s] $*"; }
 # 1. peer wheels (fla-core 0.6.0, flash-attn3-jax 0.2.3), --no-deps: nothing may replace torch, triton or jax
 if compgen -G ".whl/*.whl" > /dev/null; then
   for w in .whl/*.whl; do  # one at a time: a wheel that fails to install does not take the other down
+    if [ -f "/tmp/site/.installed-$(basename "$w")" ] && cmp -s "$w" "/tmp/site/.installed-$(basename "$w")"; then
+      say "already installed $(basename "$w") (same machine as an earlier part)"
+      continue
+    fi
     if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" \
          >> "$OUT/logs/pip.log" 2>&1; then
       say "installed $(basename "$w")"
+      cp "$w" "/tmp/site/.installed-$(basename "$w")" 2>/dev/null || true
     else
       say "could not install $(basename "$w") (its peer will be skipped): $(tail -n 1 "$OUT/logs/pip.log")"
     fi
@@ -51,15 +82,22 @@ unset TRITON_INTERPRET FLA_BWD_DKV_PATH
   $PY -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tail -n 2 || true
 } > "$OUT/logs/env.log" 2>&1
 say "$(grep -m1 '^torch' "$OUT/logs/env.log")"
+if [ -n "$PART" ]; then
+  $PY -m benchmarks.ops.plan --parts "$PARTS" > "$OUT/logs/plan.log" 2>&1 || true
+  say "part $PART of $PARTS (gate: $GATE): $(grep "^part $PART/" "$OUT/logs/plan.log")"
+fi
 
 # 2. gate + benchmark. The runner's own budget stops new peers and then new shapes in time; `timeout -s TERM`
 #    is the backstop (the runner then summarises what it has); the JSON is rewritten after every shape.
-LEFT=$(( TOTAL - $(since) - 30 ))
-BUDGET=$(( LEFT - 60 ))
-say "running the gate and the benchmark: budget ${BUDGET}s, hard stop ${LEFT}s"
+#    20 s stay for the report after the hard stop; no shape starts in the last 50 s before it (the longest shape).
+LEFT=$(( TOTAL - $(since) - 20 ))
+BUDGET=$(( LEFT - 50 ))
+JSON="$OUT/summary$TAG.json"
+say "running the benchmark${PART:+ part $PART/$PARTS} (gate: $GATE): budget ${BUDGET}s, hard stop ${LEFT}s"
 timeout -s TERM -k 20 "$LEFT" $PY -u -m benchmarks.ops.run --op parallel_attn --shapes "$SHAPES" --ab \
   --peers "$PEERS" --repeats "$REPEATS" --iters "$ITERS" --fa3-calls 30 --gate-timeout "$GATE_TIMEOUT" \
-  --budget-s "$BUDGET" ${OVERHEAD_ARGS[@]+"${OVERHEAD_ARGS[@]}"} --json "$OUT/summary.json" 2>&1 | tee "$OUT/logs/run.log"
+  --budget-s "$BUDGET" "${PART_ARGS[@]}" ${OVERHEAD_ARGS[@]+"${OVERHEAD_ARGS[@]}"} --json "$JSON" 2>&1 \
+  | tee "$OUT/logs/run$TAG.log"
 RC=${PIPESTATUS[0]}
 say "runner exit code $RC (0 ok, 2 usage, 3 gate red, 4 an op error, 124/130 stopped)"
 
@@ -68,13 +106,14 @@ ANCHORS=""
 for a in benchmarks/results/anchors-h200-2026-11-29.jsonl shared/anchors/h200-2026-11-29.jsonl; do
   [ -f "$a" ] && ANCHORS="--anchors $a" && break
 done
-if [ -f "$OUT/summary.json" ]; then
+if [ -f "$JSON" ]; then
   # shellcheck disable=SC2086
-  $PY benchmarks/report.py "$OUT/summary.json" --out-dir "$OUT" $ANCHORS > "$OUT/logs/report.log" 2>&1 \
-    || say "report failed: $(tail -n 3 "$OUT/logs/report.log")"
+  $PY benchmarks/report.py "$JSON" --out-dir "$OUT" --suffix "$TAG" $ANCHORS > "$OUT/logs/report$TAG.log" 2>&1 \
+    || say "report failed: $(tail -n 3 "$OUT/logs/report$TAG.log")"
   say "done in $(since)s; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
-  $PY benchmarks/report.py "$OUT/summary.json" --out-dir "$OUT" --no-plot --print-mode bwd 2>&1 | grep -v '^wrote '
+  $PY benchmarks/report.py "$JSON" --out-dir "$OUT" --suffix "$TAG" --no-plot --print-mode bwd 2>&1 \
+    | grep -v '^wrote '
 else
-  say "no summary.json was written; see $OUT/logs/run.log"
+  say "no $(basename "$JSON") was written; see $OUT/logs/run$TAG.log"
 fi
 exit "$RC"

@@ -43,13 +43,25 @@ def markdown(data: dict) -> str:
         "",
         f"- GPU: {env.get('gpu')} (driver {env.get('driver')}, CUDA {env.get('cuda')}); torch {env.get('torch')}, "
         f"triton {env.get('triton')}, Python {env.get('python')}",
-        f"- commit: {env.get('git_commit')}{' (dirty)' if env.get('git_dirty') else ''}; started {env.get('started')}",
+        f"- commit: {env.get('bench_commit') or env.get('git_commit')}{' (dirty)' if env.get('git_dirty') else ''}"
+        f" (source fingerprint {env.get('source_fingerprint')}); started {env.get('started')}",
         f"- command: `{env.get('command')}`",
-        f"- timer: {data.get('timer')}; gate: {gate.get('status')} ({gate.get('file')})",
+        f"- timer: {data.get('timer')}; gate: {gate.get('status')} ({gate.get('file')})"
+        + (f", ran in part {gate['ran_in_part']}" if gate.get("ran_in_part") and data.get("parts") else ""),
         "- times in microseconds (median); `(x)` = peer time / fla_bwd time (> 1: fla_bwd faster); "
         "A/B = forced-legacy time / dispatch time, median over independent rounds [min-max]",
         "",
     ]
+    if data.get("parts"):
+        head[4] = f"- commands: {len(data['parts'])} parts of a split run, merged by benchmarks/merge.py"
+        for p in data["parts"]:
+            e = p.get("env") or {}
+            g = p.get("gate") or {}
+            gs = g.get("status") if not g.get("inherited") else f"{g.get('status')} (inherited from part 1)"
+            head.insert(-1, f"- part {p['index']}/{p['of']}: {len(p.get('shapes') or [])} shapes, "
+                            f"{p.get('elapsed_s')} s (estimate {p.get('estimate_s')} s), gate {gs}, started "
+                            f"{e.get('started')} on {e.get('gpu')} {e.get('host')}, fingerprint "
+                            f"{e.get('source_fingerprint')}: `{p.get('command')}`")
     head += [f"**{line}**" for line in banner(data)] + ([""] if banner(data) else [])
     modes = [m for m in ("bwd", "fwdbwd", "fwd") if any(m in r.get("modes", {}) for r in data.get("results", []))]
     body = [render(data, m, markdown=True, with_banner=False) for m in modes]
@@ -121,6 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("--anchors", default=None, help="peer anchors JSONL: fills peers this run did not time (hatched)")
     p.add_argument("--print-mode", default=None, help="also print this mode's text table to stdout (e.g. bwd)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--suffix", default="", help="name the files summary{SUFFIX}.md and bwd_tflops{SUFFIX}.png")
     a = p.parse_args(argv)
     try:
         with open(a.json) as f:
@@ -130,12 +143,12 @@ def main(argv=None) -> int:
         return 2
     out = a.out_dir or os.path.dirname(os.path.abspath(a.json))
     os.makedirs(out, exist_ok=True)
-    md = os.path.join(out, "summary.md")
+    md = os.path.join(out, f"summary{a.suffix}.md")
     with open(md, "w") as f:
         f.write(markdown(data))
     print(f"wrote {md}")
     if not a.no_plot:
-        png = os.path.join(out, "bwd_tflops.png")
+        png = os.path.join(out, f"bwd_tflops{a.suffix}.png")
         if plot(data, png, load_anchors(a.anchors)):
             print(f"wrote {png}")
         else:

@@ -72,7 +72,7 @@ def _ratios(per_round, num: str, den: str) -> list:
 
 def new_record(shape, modes) -> dict:
     return {"shape": shape.as_dict(), "flops": {m: shape.flops(m) for m in modes}, "modes": {}, "skipped_peers": {},
-            "errors": {}}
+            "errors": {}, "elapsed_s": None}
 
 
 def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=print, tick=None,
@@ -111,12 +111,14 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
                     cands.append(P.torch_candidate(p, shape, inputs, do))
                 except Exception as e:
                     rec["skipped_peers"][p] = f"set-up failed: {C.one_line(e)}"
-        built = {}
+        built, setup_s = {}, {}
         for c in cands:
+            t_c = time.time()
             try:
                 fn = c.build(mode)
                 timer.warmup(fn)
                 built[c.name] = fn
+                setup_s[c.name] = round(time.time() - t_c, 2)  # build + warm-up: compile/autotune lands here
             except Exception as e:
                 c.release()
                 _free(device)
@@ -138,7 +140,8 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
                 c.release()
             _free(device)
             continue
-        res = {"candidates": {}, "timer": timer.kind, "rounds": st.repeats, "iters_per_pass": st.iters}
+        res = {"candidates": {}, "timer": timer.kind, "rounds": st.repeats, "iters_per_pass": st.iters,
+               "setup_s": setup_s}
         flops = shape.flops(mode)
         for name, rounds in per_round.items():
             s = summarize([x for r in rounds for x in r])
@@ -174,12 +177,14 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
                     c.release()
                     _free(device)
         if fa3:
+            t_c = time.time()
             try:
                 s = P.time_fa3(shape, inputs, do, mode, st.fa3_calls, st.repeats)
                 s["tflops"] = _tflops(flops, s["median_us"])
                 res["candidates"]["fa3"] = s
             except Exception as e:
                 rec["skipped_peers"]["fa3"] = f"{mode}: {C.one_line(e)}"
+            setup_s["fa3"] = round(time.time() - t_c, 2)  # jit compile + warm-up + timing, all of it
             _free(device)
         if st.report_ratios:
             if LEGACY in per_round:

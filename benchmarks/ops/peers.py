@@ -8,12 +8,12 @@ clock around N calls + block_until_ready, median of repeats, as the anchors were
 
 import math
 import os
-from typing import Optional
+from typing import Optional  # noqa: F401 - kept for callers
 
 import torch
 
 from .candidates import Candidate, one_line
-from .shapes import PEERS  # noqa: F401 - re-exported
+from .shapes import PEERS, unsupported  # noqa: F401 - re-exported
 
 _import_errors: dict = {}
 
@@ -178,23 +178,6 @@ def _probe_fa3(timeout_s: float = 120.0) -> Optional[str]:
         return None
     lines = [x for x in (proc.stderr + proc.stdout).strip().splitlines() if x.strip()]
     return f"probe failed (exit {proc.returncode}): {lines[-1][:200] if lines else 'no output'}"
-
-
-def unsupported(peer: str, shape) -> Optional[str]:
-    """None when the peer computes this shape's function, else why not."""
-    if peer in ("sdpa-cudnn", "sdpa-fa2"):
-        if shape.W is not None or shape.gated or shape.varlen:
-            return "SDPA has no sliding window / gate / packed varlen"
-    if peer == "fa3":
-        if shape.K != 128 or shape.V != 128:
-            return "the flash_attn3_jax wheel has head-dim-128 kernels only"
-        if shape.gated:
-            return "FA3 has no forget gate"
-        if shape.varlen:
-            return "FA3 varlen not wired in this harness"
-        if shape.dtype == "fp32":
-            return "FA3 is fp16/bf16 only"
-    return None
 
 
 def torch_candidate(peer: str, shape, inputs, do) -> Candidate:

@@ -111,9 +111,10 @@ def _s(name, B, T, HQ, H, D, **kw):
     return Shape(name=name, B=B, T=T, HQ=HQ, H=H, K=K, V=V, **kw)
 
 
-# Ordered by priority: the peer budget stops setting up peers on later rows, and the total budget drops rows from the
-# end. `peers`: True (every peer asked for), False (A/B only), or the tuple of peers worth timing on that row.
-_CHEAP = ("sdpa-cudnn", "sdpa-fa2", "fa3")  # no compile step
+# Ordered by priority: within one run (or one part of a split run, benchmarks/ops/plan.py) the total budget drops
+# rows from the end. `peers`: True (every peer asked for, each skipped with a one-line reason where it cannot compute
+# the row: benchmarks/ops/peers.py `unsupported`), False (A/B only), or the tuple of peers worth timing on that row.
+# Every registered row times every peer that can represent it; no row restricts its peers for time.
 SHAPES = [
     # headline dense GQA and the llama rows (anchor names)
     _s("g8-T8192", 1, 8192, 32, 4, 128),
@@ -133,23 +134,24 @@ SHAPES = [
     _s("varlen-gated-8192", 1, 8192, 32, 4, 128, gated=True, varlen=True, seed=8192, group="varlen"),
     _s("varlen-gated-16384", 1, 16384, 32, 4, 128, gated=True, varlen=True, seed=16384, group="varlen"),
     # the other two windows (no anchors)
-    _s("g8-T8192-W256", 1, 8192, 32, 4, 128, W=256, group="window", peers=("fla", "fa3")),
-    _s("g8-T16384-W512", 1, 16384, 32, 4, 128, W=512, group="window", peers=("fla", "fa3")),
+    _s("g8-T8192-W256", 1, 8192, 32, 4, 128, W=256, group="window"),
+    _s("g8-T16384-W512", 1, 16384, 32, 4, 128, W=512, group="window"),
     # llama rows in fp16
-    _s("mha-short-fp16", 4, 512, 32, 32, 128, dtype="fp16", group="llama", peers=_CHEAP),
-    _s("mha-long-fp16", 2, 2048, 32, 32, 128, dtype="fp16", group="llama", peers=_CHEAP),
+    _s("mha-short-fp16", 4, 512, 32, 32, 128, dtype="fp16", group="llama"),
+    _s("mha-long-fp16", 2, 2048, 32, 32, 128, dtype="fp16", group="llama"),
     # breadth: G = 2, 4, 8 x D = 64, 128 at B2 T2048 HQ32 (G4 rows are g4-T2048-D64 and gqa4-long above)
-    _s("g2-T2048-D64", 2, 2048, 32, 16, 64, group="breadth", peers=False),
-    _s("g2-T2048-D128", 2, 2048, 32, 16, 128, group="breadth", peers=False),
-    _s("g8-T2048-D64", 2, 2048, 32, 4, 64, group="breadth", peers=False),
-    _s("g8-T2048-D128", 2, 2048, 32, 4, 128, group="breadth", peers=False),
-    # fallback controls: the dispatch must not lose where it should fall back (A/B ratio ~1)
-    _s("ctl-fwd-g8-T8192", 1, 8192, 32, 4, 128, modes=("fwd",), group="control", peers=False,
+    _s("g2-T2048-D64", 2, 2048, 32, 16, 64, group="breadth"),
+    _s("g2-T2048-D128", 2, 2048, 32, 16, 128, group="breadth"),
+    _s("g8-T2048-D64", 2, 2048, 32, 4, 64, group="breadth"),
+    _s("g8-T2048-D128", 2, 2048, 32, 4, 128, group="breadth"),
+    # fallback controls: the dispatch must not lose where it should fall back (A/B ratio ~1); peers are timed here
+    # too wherever they can represent the row (fp32, K != V: see peers.unsupported)
+    _s("ctl-fwd-g8-T8192", 1, 8192, 32, 4, 128, modes=("fwd",), group="control",
        note="forward alone: the dK/dV dispatch must not touch it"),
-    _s("ctl-g16-T2048", 2, 2048, 32, 2, 128, group="control", peers=False, note="G > 8"),
-    _s("ctl-fp32-g8-T2048", 1, 2048, 32, 4, 128, dtype="fp32", group="control", peers=False, note="fp32"),
-    _s("ctl-K128-V64-g8-T2048", 2, 2048, 32, 4, 128, V=64, group="control", peers=False, note="K != V"),
-    _s("ctl-mha-T2048", 2, 2048, 32, 32, 128, group="control", peers=False, note="MHA (G = 1)"),
+    _s("ctl-g16-T2048", 2, 2048, 32, 2, 128, group="control", note="G > 8"),
+    _s("ctl-fp32-g8-T2048", 1, 2048, 32, 4, 128, dtype="fp32", group="control", note="fp32"),
+    _s("ctl-K128-V64-g8-T2048", 2, 2048, 32, 4, 128, V=64, group="control", note="K != V"),
+    _s("ctl-mha-T2048", 2, 2048, 32, 32, 128, group="control", note="MHA (G = 1)"),
 ]
 
 # CPU/interpreter self-test shapes (not performance numbers)

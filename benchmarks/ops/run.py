@@ -5,6 +5,7 @@
         --peers flex,sdpa-cudnn,sdpa-fa2,fla,fa3 --repeats 5 --json out.json
     python -m benchmarks.ops.run --list
     python -m benchmarks.ops.run --smoke --skip-gate      # CPU interpreter self-test, not a performance number
+    python -m benchmarks.ops.run --part 2/3 --defer-gate --gate-stamp /tmp/gate.json --ab ...   # one part of three
 """
 
 import argparse
@@ -49,6 +50,13 @@ def parse_args(argv):
     p.add_argument("--gate-only", action="store_true", help="run the correctness gate and exit with its status")
     p.add_argument("--gate-file", default=None, help="override the op's gating test files (comma-separated)")
     p.add_argument("--gate-timeout", type=float, default=420.0, help="seconds before the gate counts as red")
+    p.add_argument("--part", default=None, metavar="K/N",
+                   help="run only part K of N of the selected shapes, split by estimated time (benchmarks/ops/plan.py)")
+    p.add_argument("--defer-gate", action="store_true",
+                   help="a later part: do not run the gate; inherit part 1's result from --gate-stamp when it is there "
+                        "for the same code, else record it as deferred (benchmarks/merge.py checks part 1)")
+    p.add_argument("--gate-stamp", default=None, metavar="PATH",
+                   help="write the gate result here after running it (part 1); read it with --defer-gate")
     p.add_argument("--overhead", nargs="?", const="all", default=None, metavar="SHAPES",
                    help="host overhead (wall time vs CUDA-graph replay) on all shapes or the listed ones")
     p.add_argument("--budget-s", type=float, default=0.0,
@@ -69,11 +77,33 @@ def resolve(args):
         raise UsageError("--repeats, --iters and --fa3-calls must be >= 1")
     if args.ab and args.repeats < 5 and not args.smoke:
         raise UsageError("--ab needs --repeats >= 5 (at least five independent comparisons)")
+    if args.defer_gate and (args.skip_gate or args.gate_only):
+        raise UsageError("--defer-gate cannot be combined with --skip-gate or --gate-only")
+    if args.defer_gate and not args.part:
+        raise UsageError("--defer-gate needs --part K/N with K >= 2 (part 1 runs the gate)")
     if args.smoke and not args.shapes and not args.custom:
         shapes = [SMOKE_SHAPES[0]]
     else:
         shapes = select_shapes(args.shapes) if (args.shapes or not args.custom) else []
     shapes += [parse_custom(spec, name=f"custom{i}") for i, spec in enumerate(args.custom)]
+    args.part_info = None
+    if args.part:
+        from . import plan
+
+        try:
+            k, n = plan.parse_part(args.part)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if args.defer_gate and k == 1:
+            raise UsageError("--defer-gate is for parts 2..N: part 1 runs the gate")
+        parts = plan.split(shapes, n)
+        shapes = parts[k - 1]
+        args.part_info = {"index": k, "of": n, "shapes": [s.name for s in shapes],
+                          "all_shapes": [s.name for p_ in parts for s in p_],
+                          "estimate_s": plan.part_estimate(shapes, k)}
+        if args.overhead not in (None, "all"):  # the overhead rows run in whichever part holds them
+            keep = [x for x in args.overhead.split(",") if x.strip() in set(args.part_info["shapes"])]
+            args.overhead = ",".join(keep) or None
     if args.modes:
         modes = tuple(m.strip() for m in args.modes.split(","))
         bad = [m for m in modes if m not in MODES]
@@ -150,7 +180,16 @@ def main(argv=None) -> int:
     from .timing import Timer
 
     gate_files = args.gate_file.split(",") if args.gate_file else list(op.gate_files)
-    gate = runinfo.skipped_gate(gate_files) if args.skip_gate else runinfo.run_gate(gate_files, args.gate_timeout)
+    part_index = args.part_info["index"] if args.part_info else 1
+    if args.skip_gate:
+        gate = runinfo.skipped_gate(gate_files)
+    elif args.defer_gate:
+        gate = runinfo.deferred_gate(gate_files, args.gate_stamp, from_part=1)
+    else:
+        gate = runinfo.run_gate(gate_files, args.gate_timeout)
+        gate["ran_in_part"] = part_index
+        if args.gate_stamp:
+            runinfo.write_gate_stamp(args.gate_stamp, gate, part_index)
     runinfo.print_gate(gate)
     if args.gate_only:
         return 0 if gate["status"] == "green" else EXIT_GATE_RED
@@ -163,7 +202,7 @@ def main(argv=None) -> int:
                         report_ratios=gate["status"] != "red", force_peers=args.force_peers)
     data = {"schema": "fla_bwd-bench/1", "op": op.name, "smoke": smoke, "timer": timer.kind, "gate": gate,
             "env": runinfo.environment(), "settings": {k: v for k, v in vars(args).items()}, "peers": list(peers),
-            "results": [], "skipped_shapes": {}, "partial": True}
+            "results": [], "skipped_shapes": {}, "partial": True, "part": args.part_info}
     if smoke:
         print("SMOKE RUN: timings below are interpreter/CPU self-test numbers, NOT a performance number", flush=True)
     print(f"{len(shapes)} shapes, peers: {', '.join(peers) or 'none'}, A/B: {args.ab}, timer: {timer.kind}",
@@ -181,6 +220,8 @@ def main(argv=None) -> int:
               flush=True)
         st.modes = shape.modes
         rec = bench.new_record(shape, shape.modes)
+        rec["started_s"] = round(budget.elapsed(), 1)
+        t_shape = time.time()
         try:
             bench.measure_shape(op, shape, st, timer, device, budget, log=lambda s: print(s, flush=True), tick=tick,
                                 rec=rec)
@@ -189,6 +230,7 @@ def main(argv=None) -> int:
             interrupted = True
             if rec["modes"]:
                 rec["errors"]["interrupted"] = "stopped before every mode ran"
+                rec["elapsed_s"] = round(time.time() - t_shape, 1)
                 data["results"].append(rec)
             for rest in shapes[i + (1 if rec["modes"] else 0):]:
                 data["skipped_shapes"][rest.name] = "interrupted"
@@ -198,6 +240,7 @@ def main(argv=None) -> int:
 
             rec["errors"]["shape"] = one_line(e, 400)
             print(f"  {shape.name}: FAILED {rec['errors']['shape']}", flush=True)
+        rec["elapsed_s"] = round(time.time() - t_shape, 1)  # the whole shape: inputs, every mode, peers, memory
         failed |= bool(rec["errors"])
         data["results"].append(rec)
         write_json(args.json, data)

@@ -1,8 +1,11 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """The correctness gate (the op's test file in a subprocess) and the environment record."""
 
+import hashlib
+import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -55,7 +58,11 @@ def skipped_gate(test_files) -> dict:
 
 def print_gate(rec: dict) -> None:
     if rec["status"] == "green":
-        print(f"gate: GREEN  {rec['file']} ({rec['seconds']} s)", flush=True)
+        where = f" (ran in part {rec['ran_in_part']}, same code)" if rec.get("inherited") else f" ({rec['seconds']} s)"
+        print(f"gate: GREEN  {rec['file']}{where}", flush=True)
+        return
+    if rec["status"] == "deferred":
+        print(f"gate: DEFERRED to part {rec['ran_in_part']}: {rec['tail']}", flush=True)
         return
     print(LOUD, flush=True)
     if rec["skipped"]:
@@ -84,7 +91,9 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "git_commit": _cmd(["git", "rev-parse", "HEAD"]) or None,
+        "git_commit": git_commit(),
+        "bench_commit": os.environ.get("BENCH_COMMIT") or None,  # what the caller says it ran (no git needed)
+        "source_fingerprint": source_fingerprint(),
         "git_dirty": bool(_cmd(["git", "status", "--porcelain", "--untracked-files=no"])),
         "command": " ".join([os.path.basename(sys.executable), "-m", "benchmarks.ops.run"] + sys.argv[1:]),
         "argv": sys.argv,
@@ -115,3 +124,76 @@ def peer_versions() -> dict:
     """Versions of the peer packages this process imported (call at the end of a run)."""
     return {f"{mod}_version": getattr(sys.modules[mod], "__version__", None)
             for mod in ("fla", "jax", "flash_attn3_jax") if mod in sys.modules}
+
+
+def git_commit():
+    """HEAD as 40 hex digits, or None (a copy without usable git history answers `HEAD` or nothing)."""
+    out = _cmd(["git", "rev-parse", "--verify", "-q", "HEAD"])
+    return out if re.fullmatch(r"[0-9a-f]{40}", out or "") else None
+
+
+FINGERPRINT_DIRS = ("fla_bwd", "benchmarks", "tests/ops")
+FINGERPRINT_SUFFIXES = (".py", ".sh")
+
+
+def source_fingerprint(root: str = REPO) -> str:
+    """sha256 (first 16 hex digits) over the paths and bytes of the code a run depends on: every .py / .sh file
+    under fla_bwd/, benchmarks/ (not benchmarks/results/) and tests/ops/. Needs no git, so a copy of the tree on
+    the GPU machine and the checkout here agree exactly when the code does."""
+    h = hashlib.sha256()
+    for top in FINGERPRINT_DIRS:
+        base = os.path.join(root, top)
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+            rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+            if rel_dir == "benchmarks/results" or rel_dir.startswith("benchmarks/results/"):
+                dirnames[:] = []
+                continue
+            for name in sorted(filenames):
+                if name.endswith(FINGERPRINT_SUFFIXES):
+                    rel = f"{rel_dir}/{name}"
+                    with open(os.path.join(dirpath, name), "rb") as f:
+                        body = f.read()
+                    h.update(rel.encode() + b"\0" + hashlib.sha256(body).digest())
+    return h.hexdigest()[:16]
+
+
+def write_gate_stamp(path: str, gate: dict, part: int) -> None:
+    """Part 1 leaves its gate result where a later part on the same machine finds it."""
+    rec = {"gate": gate, "part": part, "source_fingerprint": source_fingerprint(), "git_commit": git_commit(),
+           "bench_commit": os.environ.get("BENCH_COMMIT") or None, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(rec, f, indent=1)
+    except OSError as e:
+        print(f"note: could not write the gate stamp {path}: {e}", flush=True)
+
+
+def deferred_gate(test_files, stamp_path=None, from_part: int = 1) -> dict:
+    """The gate of a later part: inherited from part 1's stamp when it is there for this very code, else deferred
+    (the merge then checks part 1's record). Never runs the tests."""
+    rec = {"file": " ".join(test_files), "skipped": False, "returncode": None, "seconds": 0.0,
+           "ran_in_part": from_part}
+    fp = source_fingerprint()
+    stamp = None
+    if stamp_path and os.path.exists(stamp_path):
+        try:
+            with open(stamp_path) as f:
+                stamp = json.load(f)
+        except (OSError, ValueError) as e:
+            rec["stamp_error"] = f"unreadable stamp {stamp_path}: {e}"
+    if stamp and stamp.get("source_fingerprint") == fp and stamp.get("gate", {}).get("file") == rec["file"] \
+            and not stamp.get("gate", {}).get("skipped"):
+        g = stamp["gate"]
+        rec.update(status=g.get("status"), inherited=True, returncode=g.get("returncode"),
+                   seconds_in_part=g.get("seconds"), stamp=stamp_path, stamp_written=stamp.get("written"),
+                   tail=f"gate ran in part {stamp.get('part', from_part)} on this machine for the same code "
+                        f"(fingerprint {fp}): {g.get('status')}")
+    else:
+        why = "no stamp" if stamp is None else \
+            f"stamp is for other code or gate files ({stamp.get('source_fingerprint')})"
+        rec.update(status="deferred", inherited=False,
+                   tail=f"gate not run here: it runs in part {from_part}; the merge refuses unless part {from_part} "
+                        f"recorded it green for the same code ({why})")
+    return rec

@@ -197,3 +197,24 @@ def parse_custom(spec: str, name: str = "custom") -> Shape:
         gated="gated" in flags, varlen="varlen" in flags, nseq=vals.get("N", 0), seed=vals.get("SEED", 0),
         dtype=dtypes[0] if dtypes else "bf16", group="custom",
     ).validate()
+
+
+def unsupported(peer: str, shape) -> Optional[str]:
+    """None when the peer computes this shape's function, else why not."""
+    if peer in ("sdpa-cudnn", "sdpa-fa2"):
+        if shape.W is not None or shape.gated or shape.varlen:
+            return "SDPA has no sliding window / gate / packed varlen"
+        if shape.dtype == "fp32":
+            return ("cuDNN attention" if peer == "sdpa-cudnn" else "FlashAttention-2") + " is fp16/bf16 only"
+        if peer == "sdpa-fa2" and shape.K != shape.V:
+            return "FlashAttention-2 needs equal q/k and v head dims"
+    if peer == "fa3":
+        if shape.K != 128 or shape.V != 128:
+            return "the flash_attn3_jax wheel has head-dim-128 kernels only"
+        if shape.gated:
+            return "FA3 has no forget gate"
+        if shape.varlen:
+            return "FA3 varlen not wired in this harness"
+        if shape.dtype == "fp32":
+            return "FA3 is fp16/bf16 only"
+    return None

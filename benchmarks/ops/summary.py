@@ -123,6 +123,13 @@ def banner(data: dict) -> list:
         lines.append("WARNING: correctness gate SKIPPED (--skip-gate): speedups are not gated.")
     elif gate.get("status") == "red":
         lines.append(f"GATE RED ({gate.get('file')}): no speedup reported.")
+    elif gate.get("status") == "deferred":
+        lines.append(f"GATE DEFERRED to part {gate.get('ran_in_part', 1)}: these ratios count only once "
+                     "benchmarks/merge.py has checked that part's green gate.")
+    part = data.get("part")
+    if part:
+        lines.append(f"PART {part['index']}/{part['of']} of a split run ({len(part.get('shapes', []))} shapes): "
+                     "merge every part with benchmarks/merge.py for the benchmark of record.")
     if data.get("partial"):
         lines.append("PARTIAL RUN: the run stopped before finishing every shape.")
     return lines
