@@ -75,7 +75,8 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
     return [
         ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
         ("dq", P.parallel_attn_bwd_kernel_dq,
-         dict(base, do=t(), dq=t(), dG=gate, delta=t(f32), REFINE_DELTA=gated or sink, COMPUTE_DQ=True), "dq"),
+         dict(base, o=t(), do=t(), dq=t(), dG=gate, delta=t(f32), DELTA_FROM_O=True, REFINE_DELTA=gated or sink,
+              COMPUTE_DQ=True), "dq"),
         ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
         ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t()), "dkv"),
     ]
