@@ -105,15 +105,20 @@ def visible(o_a, o_b, W, KEYS_FIRST: tl.constexpr = False):
 
 
 @triton.jit
+def row_flags(b_x):
+    """Per row of b_x: 0 if every element is finite, NaN otherwise. x * 0 is exactly 0 for every finite x, so this
+    sums zeros and never overflows. In fp32: the CPU interpreter keeps bf16 as raw integer bit patterns, so a bf16
+    x * 0 there is 0 even for NaN."""
+    return tl.sum(b_x.to(tl.float32) * 0, 1)
+
+
+@triton.jit
 def finite_rows(b_x):
-    """b_x with its NaN/Inf elements replaced by 0, and a per-row flag: 0 for a finite row, NaN for a row with a
-    non-finite element. For a masked block's product (masked A) @ b_x: the masked zeros of A times a non-finite row
-    of b_x would be NaN (0 * NaN = 0 * Inf = NaN) in rows that cannot see it, while 0 * 0 leaves them bitwise
-    unchanged; the caller adds the flag to the visible entries of A, so the rows that do see the row still turn
-    NaN. x * 0 is exactly 0 for every finite x, so the flag sums zeros and never overflows. (In fp32: the CPU
-    interpreter keeps bf16 as raw integer bit patterns, so a bf16 x * 0 there is 0 even for NaN.)"""
-    b_z = b_x.to(tl.float32) * 0
-    return tl.where(b_z == 0, b_x, 0), tl.sum(b_z.to(tl.float32), 1)
+    """(b_x with its NaN/Inf elements replaced by 0, `row_flags(b_x)`), for a masked block's product
+    (masked A) @ b_x: the masked zeros of A times a non-finite row of b_x would be NaN (0 * NaN = 0 * Inf = NaN) in
+    rows that cannot see it, while 0 * 0 leaves them bitwise unchanged. The rows that do see it must still turn
+    NaN: either their entries of A are already NaN, or the caller adds the flag to them."""
+    return tl.where(b_x.to(tl.float32) * 0 == 0, b_x, 0), row_flags(b_x)
 
 
 @triton.jit
@@ -164,9 +169,13 @@ def fwd_block(
     if MASK:
         # A non-finite v row would turn the masked zeros of P into NaN (0 * NaN) in the rows that cannot see it:
         # zero it, and flag the visible entries of P that feed o, so the rows that see it still turn NaN. Only
-        # after l: lse does not depend on v (dv depends on lse and must stay finite).
-        b_v, b_zv = finite_rows(b_v)
-        b_p = tl.where(m_vis, b_p + b_zv[None, :], 0)
+        # after l: lse does not depend on v (dv depends on lse and must stay finite). Behind a block-level test
+        # and per row (not `finite_rows`): on sm_90 that spills least (compile_sm90.py: stack 256 B against 840 B
+        # ungated at D = 128), and the branch is taken only when this block has a bad v row.
+        b_zv = row_flags(b_v)
+        if tl.sum(b_zv, 0) != 0:
+            b_v = tl.where(b_zv[:, None] == 0, b_v, 0)
+            b_p = tl.where(m_vis, b_p + b_zv[None, :], 0)
     b_o = b_o * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
     return b_o, b_m_new, b_l, b_gk_next
 
