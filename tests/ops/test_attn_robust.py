@@ -410,9 +410,7 @@ def test_very_negative_sink(case):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# 6. NaN / Inf propagation: not in the suite yet. The specification and its test are in
-#    tests/pending/nan_inf_propagation.py (not collected by pytest): it fails today, because a masked probability
-#    of 0 times a NaN/Inf operand inside the same tile's matrix product is NaN (issue 6 stays open for it).
+# 6. NaN / Inf propagation: in test_attn_nan.py.
 # ------------------------------------------------------------------------------------------------------------
 
 # ------------------------------------------------------------------------------------------------------------

@@ -105,6 +105,23 @@ def visible(o_a, o_b, W, KEYS_FIRST: tl.constexpr = False):
 
 
 @triton.jit
+def row_flags(b_x):
+    """Per row of b_x: 0 if every element is finite, NaN otherwise. x * 0 is exactly 0 for every finite x, so this
+    sums zeros and never overflows. In fp32: the CPU interpreter keeps bf16 as raw integer bit patterns, so a bf16
+    x * 0 there is 0 even for NaN."""
+    return tl.sum(b_x.to(tl.float32) * 0, 1)
+
+
+@triton.jit
+def finite_rows(b_x):
+    """(b_x with its NaN/Inf elements replaced by 0, `row_flags(b_x)`), for a masked block's product
+    (masked A) @ b_x: the masked zeros of A times a non-finite row of b_x would be NaN (0 * NaN = 0 * Inf = NaN) in
+    rows that cannot see it, while 0 * 0 leaves them bitwise unchanged. The rows that do see it must still turn
+    NaN: either their entries of A are already NaN, or the caller adds the flag to them."""
+    return tl.where(b_x.to(tl.float32) * 0 == 0, b_x, 0), row_flags(b_x)
+
+
+@triton.jit
 def key_gate(gk_base, i_s, T, BS: tl.constexpr, USE_G: tl.constexpr):
     """The gate's G of keys [i_s, i_s + BS), or a scalar 0 without gates. Loaded one block ahead by the loops:
     Triton's pipeliner stages only the tile loads that feed dots, so a small vector load used in the same iteration
@@ -141,13 +158,24 @@ def fwd_block(
     if USE_G:
         b_s += b_gq[:, None] - b_gk[None, :]
     if MASK:
-        b_s = tl.where(visible(o_t, o_s, W), b_s, float("-inf"))
+        m_vis = visible(o_t, o_s, W)
+        b_s = tl.where(m_vis, b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
     # A row with nothing visible yet keeps m = -inf; subtracting 0 instead keeps exp2 at 0 rather than NaN.
     b_m_ref = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
     b_p = tl.exp2(b_s - b_m_ref[:, None])
     b_alpha = tl.exp2(b_m - b_m_ref)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    if MASK:
+        # A non-finite v row would turn the masked zeros of P into NaN (0 * NaN) in the rows that cannot see it:
+        # zero it, and flag the visible entries of P that feed o, so the rows that see it still turn NaN. Only
+        # after l: lse does not depend on v (dv depends on lse and must stay finite). Behind a block-level test
+        # and per row (not `finite_rows`): on sm_90 that spills least (compile_sm90.py: stack 256 B against 840 B
+        # ungated at D = 128), and the branch is taken only when this block has a bad v row.
+        b_zv = row_flags(b_v)
+        if tl.sum(b_zv, 0) != 0:
+            b_v = tl.where(b_zv[:, None] == 0, b_v, 0)
+            b_p = tl.where(m_vis, b_p + b_zv[None, :], 0)
     b_o = b_o * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
     return b_o, b_m_new, b_l, b_gk_next
 
@@ -183,9 +211,15 @@ def dq_block(
     if USE_G:
         b_s += b_gq[:, None] - b_gk[None, :]
     b_p = tl.exp2(b_s - b_lse[:, None])
-    if MASK:
-        b_p = tl.where(visible(o_t, o_s, W), b_p, 0)
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+    if MASK:
+        # Mask after the arithmetic: a non-finite k or v row makes a whole column of s or dP NaN, and 0 * NaN would
+        # carry it into the rows that cannot see that key. Those NaN stay in the visible entries, so the rows that
+        # see the key still turn NaN; zeroing the bad k rows (already used by s) keeps them out of dS @ K.
+        m_vis = visible(o_t, o_s, W)
+        b_p = tl.where(m_vis, b_p, 0)
+        b_dp = tl.where(m_vis, b_dp, 0)
+        b_k, _ = finite_rows(b_k)
     if REFINE_DELTA:
         b_pdp_tile = b_p * b_dp
         b_pdp_row = tl.sum(b_pdp_tile, 1)
@@ -249,10 +283,20 @@ def dkv_block(
         b_st += b_gq[None, :] - b_gk[:, None]
     b_pt = tl.exp2(b_st - b_lse[None, :])
     if MASK:
-        b_pt = tl.where(visible(o_s, o_t, W, KEYS_FIRST=True), b_pt, 0)
+        # Keep a non-finite query row (q, dO, or the lse/delta of a row that depends on one) out of the keys that
+        # cannot see it, where 0 * NaN = NaN: zero the bad q and dO rows (q is already used by s^T) and mask P^T
+        # and dS^T after the arithmetic. A bad q row or lse already makes its visible P^T entries NaN; a bad dO
+        # row does not (it is zeroed), so its flag is added to them. A NaN delta must reach dS^T but not P^T (dv
+        # does not depend on it), hence the second mask; a bad v row only reaches its own key's dP^T row.
+        b_q, _ = finite_rows(b_q)
+        b_do, b_zdo = finite_rows(b_do)
+        m_vis = visible(o_s, o_t, W, KEYS_FIRST=True)
+        b_pt = tl.where(m_vis, b_pt + b_zdo[None, :], 0)
     b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=DOT_PREC)
     b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PREC)
     b_dst = b_pt * (b_dpt - b_delta[None, :])
+    if MASK:
+        b_dst = tl.where(m_vis, b_dst, 0)
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
     if USE_G:
         if MASK:
