@@ -108,10 +108,10 @@ for a in benchmarks/results/anchors-h200-2026-11-29.jsonl shared/anchors/h200-20
 done
 if [ -f "$JSON" ]; then
   # shellcheck disable=SC2086
-  $PY benchmarks/report.py "$JSON" --out-dir "$OUT" --suffix "$TAG" $ANCHORS > "$OUT/logs/report$TAG.log" 2>&1 \
+  $PY benchmarks/report.py "$JSON" --out-dir "$OUT" --suffix="$TAG" $ANCHORS > "$OUT/logs/report$TAG.log" 2>&1 \
     || say "report failed: $(tail -n 3 "$OUT/logs/report$TAG.log")"
   say "done in $(since)s; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
-  $PY benchmarks/report.py "$JSON" --out-dir "$OUT" --suffix "$TAG" --no-plot --print-mode bwd 2>&1 \
+  $PY benchmarks/report.py "$JSON" --out-dir "$OUT" --suffix="$TAG" --no-plot --print-mode bwd 2>&1 \
     | grep -v '^wrote '
 else
   say "no $(basename "$JSON") was written; see $OUT/logs/run$TAG.log"

@@ -85,7 +85,8 @@ class Launcher:
         compiled = self.cache.get(key)
         if compiled is not None:
             # Parameters left to the heuristics wrapper are constexprs: the compiled launcher skips them.
-            compiled[grid](*(kwargs.get(n) for n in self.names))
+            # The compiled kernel's launcher indexes three grid dimensions (`kernel[grid]` pads them itself).
+            compiled[tuple(grid) + (1,) * (3 - len(grid))](*(kwargs.get(n) for n in self.names))
             return
         compiled = self.kernel[grid](**kwargs)
         if hasattr(compiled, "__getitem__") and hasattr(compiled, "run"):

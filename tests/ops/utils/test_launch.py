@@ -19,6 +19,7 @@ class _Compiled:
         self.calls = []
 
     def __getitem__(self, grid):
+        x, y, z = grid  # like triton's CompiledKernel runner, which reads grid[0], grid[1] and grid[2]
         return lambda *args: self.calls.append((grid, args))
 
     def run(self, *args):  # present on a real compiled kernel; the launcher only checks that it exists
@@ -74,7 +75,7 @@ def test_cached_kernel_gets_every_parameter_in_order(launcher):
     assert launcher.kernel.launches == 1 and not launcher.kernel.compiled.calls
     launcher((5,), x=x, y=y, n=300, scale=0.25, C=4)
     assert launcher.kernel.launches == 1
-    assert launcher.kernel.compiled.calls == [((5,), (x, y, 300, 0.25, 4))]
+    assert launcher.kernel.compiled.calls == [((5, 1, 1), (x, y, 300, 0.25, 4))]
     launcher((5,), x=x, y=y, n=300, scale=0.25, C=8)  # a new constexpr: Triton's path again
     assert launcher.kernel.launches == 2
 
