@@ -120,8 +120,10 @@ class TinyLM(nn.Module):
 
 
 def _data():
+    """The same random batch every step: a fresh random batch per step has nothing to learn, and its loss did not
+    fall in 4 steps on the H200 x2 (4.726, 4.748, 4.788, 4.732), so "the loss falls" could not be checked."""
     gen = torch.Generator().manual_seed(7)
-    return torch.randint(0, VOCAB, (STEPS, GLOBAL_B, T + 1), generator=gen)
+    return torch.randint(0, VOCAB, (1, GLOBAL_B, T + 1), generator=gen).expand(STEPS, -1, -1)
 
 
 def _train(model, batches, device, reduce=None):
@@ -166,8 +168,9 @@ def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str):
 
 
 def test_ddp_two_processes_match_one(tmp_path, monkeypatch):
-    """A tiny LM trained 4 SGD steps under DDP over NCCL (2 processes, each half of the global batch, same seed)
-    against one process on one GPU with the whole batch: the loss curves match (rtol 1e-3); the loss falls."""
+    """A tiny LM trained 4 SGD steps on one batch under DDP over NCCL (2 processes, each half of the global batch,
+    same seed) against one process on one GPU with the whole batch: the loss curves match (rtol 1e-3); the loss
+    falls."""
     import torch.multiprocessing as mp
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
