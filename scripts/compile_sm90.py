@@ -71,7 +71,7 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
     gate, sk = (t(f32) if gated else None), (t(f32) if sink else None)
     base = dict(q=t(), k=t(), v=t(), lse=t(f32), g_cumsum=gate, cu_seqlens=None, chunk_indices=None, scale=0.1,
                 T=100, W=100, NTOK=100, B=1, **dims)
-    dkv = dict(base, do=t(), dG=gate, dsink_partial=sk, delta=t(f32), sink_bias=sk)
+    dkv = dict(base, do=t(), dGk=gate, dsink_partial=sk, delta=t(f32), sink_bias=sk)
     return [
         ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
         ("dq", P.parallel_attn_bwd_kernel_dq,

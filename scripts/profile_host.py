@@ -84,9 +84,9 @@ def profile_shape(name: str, top: int) -> None:
         W = T
         parts = {
             "dq (+delta)": lambda: P.attn_bwd_dq(q, k, v, o2, do, lse, None, None, D ** -0.5, W, None, "rounded"),
-            "dkv gqa": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, None, D ** -0.5, W, None,
+            "dkv gqa": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, D ** -0.5, W, None,
                                               "gqa"),
-            "dkv legacy": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, None, D ** -0.5, W,
+            "dkv legacy": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, D ** -0.5, W,
                                                  None, "legacy"),
             "select_dkv_kernel": lambda: P.select_dkv_kernel(q, k, v, W, None),
             "bwd impl": lambda: P._parallel_attn_bwd_impl(do, q, k, v, o2, lse, None, None, None, None,

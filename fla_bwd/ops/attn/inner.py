@@ -122,6 +122,20 @@ def finite_rows(b_x):
 
 
 @triton.jit
+def any_nonfinite(b_x):
+    """Whether the 2-D block b_x holds a NaN or an Inf (a scalar).
+
+    Every kernel computes its tile first without the NaN/Inf containment of the masked blocks (SAFE=False: the
+    masked zeros of P and dS simply multiply their operands), then tests its outputs with this and, only if one is
+    not finite, computes the tile again with SAFE=True and stores that. This is exact: the first pass can only add
+    NaN (0 * NaN, 0 * Inf) to what the contained pass computes, never remove one, so finite outputs of the first
+    pass are the contained result bitwise. Containment inside every masked block instead cost 20-27% of the
+    backward on the H200's windowed T = 16384 rows and 12% of the forward (PERF.md #15): the zeroed operands
+    left the shared-memory path of the matrix products and raised the spills."""
+    return tl.sum(row_flags(b_x), 0) != 0
+
+
+@triton.jit
 def key_gate(gk_base, i_s, T, BS: tl.constexpr, USE_G: tl.constexpr):
     """The gate's G of keys [i_s, i_s + BS), or a scalar 0 without gates. Loaded one block ahead by the loops:
     Triton's pipeliner stages only the tile loads that feed dots, so a small vector load used in the same iteration
@@ -138,10 +152,11 @@ def fwd_block(
     b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_G: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
 ):
     """One key block of the online softmax: fold keys [i_s, i_s + BS) into (b_o, b_m, b_l). With gates, b_gk is
-    this block's key-side G, loaded one block ahead (see `key_gate`); the next block's is returned."""
+    this block's key-side G, loaded one block ahead (see `key_gate`); the next block's is returned. SAFE: keep
+    non-finite inputs out of the rows that do not depend on them (see `any_nonfinite`)."""
     b_gk_next = key_gate(gk_base, i_s + BS, T, BS, USE_G)
     o_s = i_s + tl.arange(0, BS)
     m_s = o_s < T
@@ -166,12 +181,10 @@ def fwd_block(
     b_p = tl.exp2(b_s - b_m_ref[:, None])
     b_alpha = tl.exp2(b_m - b_m_ref)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    if MASK:
+    if MASK and SAFE:
         # A non-finite v row would turn the masked zeros of P into NaN (0 * NaN) in the rows that cannot see it:
         # zero it, and flag the visible entries of P that feed o, so the rows that see it still turn NaN. Only
-        # after l: lse does not depend on v (dv depends on lse and must stay finite). Behind a block-level test
-        # and per row (not `finite_rows`): on sm_90 that spills least (compile_sm90.py: stack 256 B against 840 B
-        # ungated at D = 128), and the branch is taken only when this block has a bad v row.
+        # after l: lse does not depend on v (dv depends on lse and must stay finite).
         b_zv = row_flags(b_v)
         if tl.sum(b_zv, 0) != 0:
             b_v = tl.where(b_zv[:, None] == 0, b_v, 0)
@@ -181,13 +194,43 @@ def fwd_block(
 
 
 @triton.jit
+def fwd_tile(
+    b_q, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
+):
+    """The forward's key loop for the query tile [t0, t0 + BT) over the three `key_ranges`: (o unnormalised,
+    running max m, running sum l)."""
+    # [BT, BV]
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BT], dtype=tl.float32)
+    lo, mid, end = key_ranges(t0, T, W, BT, BS)
+    # The three ranges are consecutive BS-blocks from lo, so the one-ahead gate prefetch runs across them.
+    b_gk = key_gate(gk_base, lo, T, BS, USE_G)
+    for i_s in range(lo, mid, BS):
+        b_o, b_m, b_l, b_gk = fwd_block(
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
+            stride_k, stride_v, K, V, BS, BK, BV, USE_G, True, DOT_PREC, SAFE)
+    for i_s in range(mid, t0, BS):
+        b_o, b_m, b_l, b_gk = fwd_block(
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
+            stride_k, stride_v, K, V, BS, BK, BV, USE_G, False, DOT_PREC, SAFE)
+    for i_s in range(t0, end, BS):
+        b_o, b_m, b_l, b_gk = fwd_block(
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
+            stride_k, stride_v, K, V, BS, BK, BV, USE_G, True, DOT_PREC, SAFE)
+    return b_o, b_m, b_l
+
+
+@triton.jit
 def dq_block(
     b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W,
     qk_scale,
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
-    COMPUTE_DQ: tl.constexpr,
+    COMPUTE_DQ: tl.constexpr, SAFE: tl.constexpr,
 ):
     """dQ contribution of keys [i_s, i_s + BS): dq += dS @ K, dS = P * (dO @ V^T - delta). Unscaled.
     With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see the dQ kernel);
@@ -211,8 +254,10 @@ def dq_block(
     if USE_G:
         b_s += b_gq[:, None] - b_gk[None, :]
     b_p = tl.exp2(b_s - b_lse[:, None])
+    if MASK and not SAFE:
+        b_p = tl.where(visible(o_t, o_s, W), b_p, 0)
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
-    if MASK:
+    if MASK and SAFE:
         # Mask after the arithmetic: a non-finite k or v row makes a whole column of s or dP NaN, and 0 * NaN would
         # carry it into the rows that cannot see that key. Those NaN stay in the visible entries, so the rows that
         # see the key still turn NaN; zeroing the bad k rows (already used by s) keeps them out of dS @ K.
@@ -240,6 +285,40 @@ def dq_block(
 
 
 @triton.jit
+def dq_tile(
+    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    REFINE_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr, COMPUTE_DQ: tl.constexpr,
+    SAFE: tl.constexpr,
+):
+    """dQ's key loop for the query tile [t0, t0 + BT), over the forward's key ranges: (dq unscaled, and the row
+    sums of `dq_block`)."""
+    # [BT, BK]
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_pdp = tl.zeros([BT], dtype=tl.float32)
+    b_off_pdp = tl.zeros([BT], dtype=tl.float32)
+    b_off_p = tl.zeros([BT], dtype=tl.float32)
+    lo, mid, end = key_ranges(t0, T, W, BT, BS)
+    b_gk = key_gate(gk_base, lo, T, BS, USE_G)
+    for i_s in range(lo, mid, BS):
+        b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t,
+            i_s, T, W, qk_scale, stride_k, stride_v, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G,
+            COMPUTE_DQ, SAFE)
+    for i_s in range(mid, t0, BS):
+        b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t,
+            i_s, T, W, qk_scale, stride_k, stride_v, K, V, BS, BK, BV, REFINE_DELTA, False, DOT_PREC, USE_G,
+            COMPUTE_DQ, SAFE)
+    for i_s in range(t0, end, BS):
+        b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
+            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t,
+            i_s, T, W, qk_scale, stride_k, stride_v, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G,
+            COMPUTE_DQ, SAFE)
+    return b_dq, b_pdp, b_off_pdp, b_off_p
+
+
+@triton.jit
 def query_rows(lse_base, delta_base, gq_base, i_t, T, BS: tl.constexpr, USE_G: tl.constexpr):
     """Per-query vectors of the query block [i_t, i_t + BS): lse (+inf past the sequence end, so P is exactly 0
     there without a mask), delta, and the gate's G (0 without gates)."""
@@ -258,7 +337,7 @@ def dkv_block(
     b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base, o_s,
     i_t, T, W, qk_scale, stride_q, stride_do,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_G: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
 ):
     """dK/dV contribution of queries [i_t, i_t + BS) to the key tile o_s, in transposed ([keys, queries]) form.
 
@@ -282,7 +361,9 @@ def dkv_block(
     if USE_G:
         b_st += b_gq[None, :] - b_gk[:, None]
     b_pt = tl.exp2(b_st - b_lse[None, :])
-    if MASK:
+    if MASK and not SAFE:
+        b_pt = tl.where(visible(o_s, o_t, W, KEYS_FIRST=True), b_pt, 0)
+    if MASK and SAFE:
         # Keep a non-finite query row (q, dO, or the lse/delta of a row that depends on one) out of the keys that
         # cannot see it, where 0 * NaN = NaN: zero the bad q and dO rows (q is already used by s^T) and mask P^T
         # and dS^T after the arithmetic. A bad q row or lse already makes its visible P^T entries NaN; a bad dO
@@ -295,7 +376,7 @@ def dkv_block(
     b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=DOT_PREC)
     b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PREC)
     b_dst = b_pt * (b_dpt - b_delta[None, :])
-    if MASK:
+    if MASK and SAFE:
         b_dst = tl.where(m_vis, b_dst, 0)
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
     if USE_G:
@@ -308,10 +389,10 @@ def dkv_block(
 
 @triton.jit
 def dkv_one_head(
-    b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dg_base, b_sink, dsink_ptr, s0,
+    b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dgk_base, b_sink, dsink_ptr, s0,
     T, W, qk_scale, stride_q, stride_do,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
 ):
     """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
     gate gradient dG for the tile's tokens; with a sink, write the tile's share of dsink = -sum_j p_sink_j * delta_j
@@ -320,7 +401,9 @@ def dkv_one_head(
     dG_j = sum_{i<j} dS_ji (j as a query) - sum_{i>j} dS_ij (j as a key). The pair (j, j) is left out of both: its
     score does not depend on G (G_j - G_j), and its dS is a difference of two nearly equal numbers whenever j
     attends mostly to itself (very negative gates: true dg ~1e-7 against a rounding error of ~1e-6). The dQ kernel
-    has already stored the query side, from fp32 row sums and the fp32 delta (see `dq_block`); this adds the key side.
+    has already stored the query side, from fp32 row sums and the fp32 delta (see `dq_block`); this stores minus the
+    key side into its own buffer (`dgk_base`), and the reverse cumsum of dg adds the two (`gate_grad`): a plain store,
+    so that a program that recomputes its tile (see `any_nonfinite`) overwrites what it wrote the first time.
     The closed form delta_j * p_sink_j of the full query-side sum was used before: exact, but it keeps dS_jj.
     """
     o_s = s0 + tl.arange(0, BT)
@@ -333,19 +416,19 @@ def dkv_one_head(
     for i_t in range(s0, diag, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC, SAFE)
     for i_t in range(diag, hi, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, False, DOT_PREC)
+            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, False, DOT_PREC, SAFE)
     for i_t in range(hi, end, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, DOT_PREC, SAFE)
     if USE_SINK:
         b_lse = tl.load(lse_base + o_s, mask=m_s, other=float("inf"))
         b_delta = tl.load(delta_base + o_s, mask=m_s, other=0)
         tl.store(dsink_ptr, -tl.sum(b_delta * tl.exp2(b_sink - b_lse), 0))
     if USE_G:
-        tl.store(dg_base + o_s, tl.load(dg_base + o_s, mask=m_s, other=0) - b_dgk, mask=m_s)
+        tl.store(dgk_base + o_s, -b_dgk, mask=m_s)
     return b_dk, b_dv

@@ -22,11 +22,10 @@ import triton.language as tl
 
 from fla_bwd.ops.attn.inner import (
     LOG2E,
+    any_nonfinite,
     dkv_one_head,
-    dq_block,
-    fwd_block,
-    key_gate,
-    key_ranges,
+    dq_tile,
+    fwd_tile,
     key_tile,
     query_tile,
 )
@@ -73,25 +72,11 @@ def parallel_attn_fwd_kernel(
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
     qk_scale = scale * LOG2E
-    # [BT, BV]
-    b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros([BT], dtype=tl.float32)
-    lo, mid, end = key_ranges(t0, T, W, BT, BS)
-    # The three ranges are consecutive BS-blocks from lo, so the one-ahead gate prefetch runs across them.
-    b_gk = key_gate(g_base, lo, T, BS, USE_G)
-    for i_s in range(lo, mid, BS):
-        b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
-            H * K, H * V, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
-    for i_s in range(mid, t0, BS):
-        b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
-            H * K, H * V, K, V, BS, BK, BV, USE_G, False, DOT_PREC)
-    for i_s in range(t0, end, BS):
-        b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, g_base, o_t, i_s, T, W, qk_scale,
-            H * K, H * V, K, V, BS, BK, BV, USE_G, True, DOT_PREC)
+    b_o, b_m, b_l = fwd_tile(b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+                             K, V, BT, BS, BK, BV, USE_G, DOT_PREC, False)
+    if any_nonfinite(b_o):  # a NaN/Inf input reached this tile: again with containment (see `any_nonfinite`)
+        b_o, b_m, b_l = fwd_tile(b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+                                 K, V, BT, BS, BK, BV, USE_G, DOT_PREC, True)
     if USE_SINK:
         # The sink is one more logit in the denominator: fold exp(sink) into l at a common maximum.
         b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
@@ -150,25 +135,14 @@ def parallel_attn_bwd_kernel_dq(
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
     qk_scale = scale * LOG2E
-    # [BT, BK]
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_pdp = tl.zeros([BT], dtype=tl.float32)
-    b_off_pdp = tl.zeros([BT], dtype=tl.float32)
-    b_off_p = tl.zeros([BT], dtype=tl.float32)
-    lo, mid, end = key_ranges(t0, T, W, BT, BS)
-    b_gk = key_gate(g_base, lo, T, BS, USE_G)
-    for i_s in range(lo, mid, BS):
-        b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t,
-            i_s, T, W, qk_scale, H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G, COMPUTE_DQ)
-    for i_s in range(mid, t0, BS):
-        b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t,
-            i_s, T, W, qk_scale, H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, False, DOT_PREC, USE_G, COMPUTE_DQ)
-    for i_s in range(t0, end, BS):
-        b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, g_base, o_t,
-            i_s, T, W, qk_scale, H * K, H * V, K, V, BS, BK, BV, REFINE_DELTA, True, DOT_PREC, USE_G, COMPUTE_DQ)
+    b_dq, b_pdp, b_off_pdp, b_off_p = dq_tile(
+        b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+        K, V, BT, BS, BK, BV, REFINE_DELTA, DOT_PREC, USE_G, COMPUTE_DQ, False)
+    # A NaN/Inf input reached this tile: again with containment (see `any_nonfinite`).
+    if any_nonfinite(b_dq) | any_nonfinite((b_pdp + b_off_pdp + b_off_p)[:, None]):
+        b_dq, b_pdp, b_off_pdp, b_off_p = dq_tile(
+            b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+            K, V, BT, BS, BK, BV, REFINE_DELTA, DOT_PREC, USE_G, COMPUTE_DQ, True)
     if COMPUTE_DQ:
         tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
     if REFINE_DELTA:
@@ -210,34 +184,62 @@ def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr,
 
 
 @triton.jit
-def _dkv_head(
-    q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_hq, i_slot, NUM_SLOTS, bos,
+def _dkv_heads(
+    q, do, lse, delta, g_cumsum, dGk, dsink_partial, sink_bias, b_k, b_v, i_hq0, i_slot, NUM_SLOTS, bos,
     s0, T, W, NTOK, qk_scale,
-    HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr,
+    HQ: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, USE_SINK: tl.constexpr,
+    DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
 ):
-    """Bases of query head i_hq, then its contribution to the key tile (see `dkv_one_head`). i_slot indexes the
-    tile's dsink partial among NUM_SLOTS."""
-    row_base = i_hq.to(tl.int64) * NTOK + bos
-    g_base, dg_base, dsink_ptr, b_gk, b_sink = g_cumsum, dG, dsink_partial, 0.0, 0.0
-    if USE_G:
-        g_base, dg_base = g_cumsum + row_base, dG + row_base
-        o_s = s0 + tl.arange(0, BT)
-        b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
-    if USE_SINK:
-        dsink_ptr = dsink_partial + i_hq.to(tl.int64) * NUM_SLOTS + i_slot
-        b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
-    return dkv_one_head(
-        b_k, b_v, b_dk, b_dv, b_gk, q + (bos * HQ + i_hq) * K, do + (bos * HQ + i_hq) * V, lse + row_base,
-        delta + row_base, g_base, dg_base, b_sink, dsink_ptr, s0, T, W, qk_scale, HQ * K, HQ * V,
-        K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
+    """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
+    then `dkv_one_head`. i_slot indexes the tile's dsink partial among NUM_SLOTS."""
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_g in range(NUM_HEADS):
+        i_hq = i_hq0 + i_g
+        row_base = i_hq.to(tl.int64) * NTOK + bos
+        g_base, dgk_base, dsink_ptr, b_gk, b_sink = g_cumsum, dGk, dsink_partial, 0.0, 0.0
+        if USE_G:
+            g_base, dgk_base = g_cumsum + row_base, dGk + row_base
+            o_s = s0 + tl.arange(0, BT)
+            b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
+        if USE_SINK:
+            dsink_ptr = dsink_partial + i_hq.to(tl.int64) * NUM_SLOTS + i_slot
+            b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
+        b_dk, b_dv = dkv_one_head(
+            b_k, b_v, b_dk, b_dv, b_gk, q + (bos * HQ + i_hq) * K, do + (bos * HQ + i_hq) * V, lse + row_base,
+            delta + row_base, g_base, dgk_base, b_sink, dsink_ptr, s0, T, W, qk_scale, HQ * K, HQ * V,
+            K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC, SAFE)
+    return b_dk, b_dv
+
+
+@triton.jit
+def _dkv_tile(
+    q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, scale, i_h, i_hq0, i_head, i_slot,
+    num_slots, bos, s0, o_s, m_s, T, W, NTOK,
+    HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
+    i_head of `[B, T, NH, *]`. Computed without containment, then again with it if an output is not finite (see
+    `any_nonfinite`; the dsink partials and the key side of dG are plain stores, so the second pass overwrites)."""
+    b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H, K, V, BK, BV)
+    b_dk, b_dv = _dkv_heads(
+        q, do, lse, delta, g_cumsum, dGk, dsink_partial, sink_bias, b_k, b_v, i_hq0, i_slot, num_slots, bos, s0, T,
+        W, NTOK, scale * LOG2E, HQ, NUM_HEADS, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC, False)
+    if any_nonfinite(b_dk) | any_nonfinite(b_dv):
+        b_dk, b_dv = _dkv_heads(
+            q, do, lse, delta, g_cumsum, dGk, dsink_partial, sink_bias, b_k, b_v, i_hq0, i_slot, num_slots, bos, s0,
+            T, W, NTOK, scale * LOG2E, HQ, NUM_HEADS, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC, True)
+    _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_head, o_s, m_s, NH, K, V, BK, BV)
 
 
 @triton.heuristics(_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dkv_per_query_head(
-    q, k, v, do, dk, dv, dG, dsink_partial, lse, delta, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W,
-    NTOK, B,
+    q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T,
+    W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -246,20 +248,16 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
     the host then sums each group of G heads)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     i_hq, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, HQ, BT, IS_VARLEN)
-    b_k, b_v = _load_kv_tile(k, v, bos, i_hq // G, o_s, m_s, H, K, V, BK, BV)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
-    b_dk, b_dv = _dkv_head(
-        q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_hq, i_slot, num_slots,
-        bos, s0, T, W, NTOK, scale * LOG2E, HQ, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
-    _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_hq, o_s, m_s, HQ, K, V, BK, BV)
+    _dkv_tile(q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, scale, i_hq // G, i_hq, i_hq,
+              i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK, HQ, H, HQ, 1, K, V, BT, BS, BK, BV, USE_G, USE_SINK,
+              DOT_PREC)
 
 
 @triton.heuristics(_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dkv_per_kv_head(
-    q, k, v, do, dk, dv, dG, dsink_partial, lse, delta, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W,
-    NTOK, B,
+    q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T,
+    W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -269,14 +267,9 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     dtype: no HQ-shaped scratch, no reduction kernel, no atomics (so it is deterministic)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     i_h, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, H, BT, IS_VARLEN)
-    b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H, K, V, BK, BV)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
-    for i_g in range(G):
-        b_dk, b_dv = _dkv_head(
-            q, do, lse, delta, g_cumsum, dG, dsink_partial, sink_bias, b_k, b_v, b_dk, b_dv, i_h * G + i_g, i_slot,
-            num_slots, bos, s0, T, W, NTOK, scale * LOG2E, HQ, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC)
-    _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_h, o_s, m_s, H, K, V, BK, BV)
+    _dkv_tile(q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, scale, i_h, i_h * G, i_h,
+              i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK, HQ, H, H, G, K, V, BT, BS, BK, BV, USE_G, USE_SINK,
+              DOT_PREC)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -372,10 +365,11 @@ def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dG, scale: float, W: int, cu_seql
     return dq, delta
 
 
-def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, dG, sink_bias, scale: float, W: int, cu_seqlens, path: str):
-    """dk, dv in the inputs' dtypes; dG `[HQ, B * T]` fp32, the gradient w.r.t. the gate's cumsum (None without a
-    gate); dsink `[HQ]` fp32 (None without a sink). `path` is "gqa" (KV-head-owned kernel) or "legacy"
-    (query-head-owned kernel + group sum)."""
+def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens, path: str):
+    """dk, dv in the inputs' dtypes; dGk `[HQ, B * T]` fp32, minus the key side of the gradient w.r.t. the gate's
+    cumsum (None without a gate; the dQ kernel stored the query side, `gate_grad` adds the two); dsink `[HQ]` fp32
+    (None without a sink). `path` is "gqa" (KV-head-owned kernel) or "legacy" (query-head-owned kernel + group
+    sum)."""
     B, T, HQ, K = q.shape
     dims = _dims(q, k, v)
     H, G, V = dims["H"], dims["G"], dims["V"]
@@ -390,9 +384,10 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, dG, sink_bias, scale: float,
     dv = empty(B, T, NH, V, dtype=acc_dtype, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
     partial = empty(HQ, NT * B, dtype=torch.float32, device=q.device) if sink_bias is not None else None
+    dGk = empty(*lse.shape, dtype=torch.float32, device=q.device) if g_cumsum is not None else None
     if NT > 0:
         kernel(
-            (NT * heads,), q=q, k=k, v=v, do=do, dk=dk, dv=dv, dG=dG, dsink_partial=partial, lse=lse, delta=delta,
+            (NT * heads,), q=q, k=k, v=v, do=do, dk=dk, dv=dv, dGk=dGk, dsink_partial=partial, lse=lse, delta=delta,
             g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W,
             NTOK=B * T, B=B, **dims, **cfg,
         )
@@ -400,7 +395,7 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, dG, sink_bias, scale: float,
         dk = dk.view(B, T, H, G, K).sum(3).to(q.dtype)
         dv = dv.view(B, T, H, G, V).sum(3).to(q.dtype)
     dsink = partial.sum(1) if partial is not None else None
-    return dk, dv, dG, dsink
+    return dk, dv, dGk, dsink
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -551,12 +546,13 @@ def _parallel_attn_bwd_launch(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_se
     gc = g_cumsum if g is not None else None
     sink = sink_bias.float().contiguous() if sink_bias is not None else None
     delta_mode = "exact" if sink is not None else "refine" if gc is not None else "rounded"
-    # dG (gradient w.r.t. the gate's cumsum): the dQ kernel stores its query side, the dK/dV kernel adds the key side.
+    # dG (gradient w.r.t. the gate's cumsum): the dQ kernel stores its query side, the dK/dV kernel minus its key
+    # side, and the reverse cumsum adds them.
     dG = empty(*lse.shape, dtype=torch.float32, device=q.device) if gc is not None else None
     dq, delta = attn_bwd_dq(q, k, v, o, do, lse, gc, dG, scale, W, cu_seqlens, delta_mode)
-    dk, dv, dG, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, gc, dG, sink, scale, W, cu_seqlens,
+    dk, dv, dGk, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, gc, sink, scale, W, cu_seqlens,
                                      select_dkv_kernel(q, k, v, W, cu_seqlens))
-    dg = gate_grad(dG, B, T, cu_seqlens, g.dtype) if g is not None else _empty_f32(q.device)
+    dg = gate_grad(dG, dGk, B, T, cu_seqlens, g.dtype) if g is not None else _empty_f32(q.device)
     dsink = dsink.to(sink_bias.dtype) if sink_bias is not None else _empty_f32(q.device)
     return dq, dk, dv, dg, dsink
 

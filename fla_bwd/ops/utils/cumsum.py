@@ -11,15 +11,16 @@ from fla_bwd.ops.utils.launch import Launcher
 from fla_bwd.utils import empty
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+                    "HAS_X2": lambda args: args["x2"] is not None})
 @triton.jit(do_not_specialize=["T"])
 def segment_cumsum_kernel(
-    x, y, cu_seqlens, T, stride_x_t, stride_x_h, stride_y_t, stride_y_h,
+    x, x2, y, cu_seqlens, T, stride_x_t, stride_x_h, stride_y_t, stride_y_h,
     NH: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, REVERSE: tl.constexpr, SCALE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_X2: tl.constexpr,
 ):
     """One program scans one sequence for BH heads, BT tokens at a time, carrying the running fp32 sum; the
-    output is multiplied by SCALE."""
+    output is multiplied by SCALE. With x2 (same layout as x) it scans x + x2."""
     i_n, i_hb = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -39,7 +40,10 @@ def segment_cumsum_kernel(
         o_tok = (bos + o_t).to(tl.int64)
         m = m_t[:, None] & m_h[None, :]
         # [BT, BH]
-        b_x = tl.load(x + o_tok[:, None] * stride_x_t + o_h[None, :] * stride_x_h, mask=m, other=0).to(tl.float32)
+        p_x = o_tok[:, None] * stride_x_t + o_h[None, :] * stride_x_h
+        b_x = tl.load(x + p_x, mask=m, other=0).to(tl.float32)
+        if HAS_X2:
+            b_x += tl.load(x2 + p_x, mask=m, other=0).to(tl.float32)
         b_y = tl.cumsum(b_x, axis=0, reverse=REVERSE) + b_carry[None, :]
         b_carry += tl.sum(b_x, axis=0)
         tl.store(y + o_tok[:, None] * stride_y_t + o_h[None, :] * stride_y_h, (b_y * SCALE).to(y.dtype.element_ty),
@@ -49,11 +53,11 @@ def segment_cumsum_kernel(
 _launch_segment_cumsum = Launcher(segment_cumsum_kernel)
 
 
-def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse, scale=1.0):
+def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse, scale=1.0, x2=None):
     BH = min(16, triton.next_power_of_2(NH))
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     _launch_segment_cumsum(
-        (N, triton.cdiv(NH, BH)), x=x, y=y, cu_seqlens=cu_seqlens, T=T,
+        (N, triton.cdiv(NH, BH)), x=x, x2=x2, y=y, cu_seqlens=cu_seqlens, T=T,
         stride_x_t=x_strides[0], stride_x_h=x_strides[1], stride_y_t=y_strides[0], stride_y_h=y_strides[1],
         NH=NH, BT=64, BH=BH, REVERSE=reverse, SCALE=scale,
     )
@@ -69,9 +73,11 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> torch.Te
                  scale=1.4426950408889634)
 
 
-def gate_grad(dG: torch.Tensor, B: int, T: int, cu_seqlens: Optional[torch.Tensor], dtype: torch.dtype):
-    """dG `[HQ, B * T]` (gradient w.r.t. G in natural units) -> dg `[B, T, HQ]` in `dtype`: the per-sequence
-    reverse cumsum."""
-    HQ = dG.shape[0]
-    y = empty(B, T, HQ, dtype=dtype, device=dG.device)
-    return _scan(dG, y, cu_seqlens, B, T, HQ, (1, B * T), (HQ, 1), reverse=True)
+def gate_grad(dG_q: torch.Tensor, dG_k: torch.Tensor, B: int, T: int, cu_seqlens: Optional[torch.Tensor],
+              dtype: torch.dtype):
+    """dG = dG_q + dG_k, both `[HQ, B * T]` fp32 (gradient w.r.t. G in natural units: the query side from the dQ
+    kernel, minus the key side from the dK/dV kernel) -> dg `[B, T, HQ]` in `dtype`: the per-sequence reverse
+    cumsum of dG. Adding here in fp32 rounds exactly as the difference would have where it was computed."""
+    HQ = dG_q.shape[0]
+    y = empty(B, T, HQ, dtype=dtype, device=dG_q.device)
+    return _scan(dG_q, y, cu_seqlens, B, T, HQ, (1, B * T), (HQ, 1), reverse=True, x2=dG_k)
