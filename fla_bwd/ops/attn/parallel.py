@@ -674,7 +674,9 @@ def parallel_attn(
 
     Returns:
         o: `[B, T, HQ, V]` in q's dtype. Differentiable with respect to q, k, v, g and sink_bias; gradients come
-        back in each input's dtype. The backward is deterministic (bitwise identical run to run).
+        back in each input's dtype. The backward is deterministic (bitwise identical run to run). A NaN or Inf
+        in an input reaches only the outputs and gradients that depend on it; everything else is bitwise what it
+        would be without it (`tests/ops/test_attn_nan.py`).
 
     Raises:
         TypeError / ValueError naming the argument for any invalid input (shapes, dtypes, devices, cu_seqlens,
