@@ -104,7 +104,8 @@ def plot(data: dict, path: str, anchors: dict = None) -> bool:
         return False
     n = len(ser)
     width = 0.8 / max(n, 1)
-    fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(shapes) * max(n, 2) / 2), 5.0))
+    # wide enough for a bar group a shape, capped so that a full run (26 shapes x 7 series) stays readable
+    fig, ax = plt.subplots(figsize=(min(22.0, max(8.0, 0.75 * len(shapes) * max(n, 2) / 2)), 6.0))
     for i, (label, vals) in enumerate(ser.items()):
         xs = [j + (i - (n - 1) / 2) * width for j in range(len(shapes))]
         ys = [v if v else 0.0 for v in vals]
