@@ -6,6 +6,11 @@ config spill" without spending device time.
 
     python scripts/compile_sm90.py                     # every kernel at the configs the launchers use
     python scripts/compile_sm90.py --dkv BT=128,BS=64,num_warps=8
+    python scripts/compile_sm90.py --dims 128 --plain --loops   # + per-loop instructions and spills (SASS)
+
+`--loops` lists, for every loop of the SASS that holds matrix products (HGMMA), its instruction count and its
+local-memory stores/loads (STL/LDL: spill traffic). The stack size is a maximum over the whole kernel; the loops
+say where the spills are, e.g. whether the unmasked bulk loop spills at all.
 """
 
 import argparse
@@ -62,6 +67,37 @@ def resource_report(compiled) -> str:
     return f"regs {regs.group(1):>3s}  stack {stack} B  local {local} B  smem {compiled.metadata.shared} B"
 
 
+def sass(compiled) -> str:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        return subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
+
+
+def loop_report(compiled) -> list:
+    """One line per backward branch whose range holds HGMMA instructions (a loop with matrix products), in code
+    order: address range, instructions, HGMMA, STL, LDL. Nested ranges are listed separately."""
+    ins = []
+    for line in sass(compiled).splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
+    out = []
+    for addr, text in ins:
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if not target or int(target.group(1), 16) >= addr:
+            continue
+        lo = int(target.group(1), 16)
+        body = [x for a, x in ins if lo <= a <= addr]
+        count = {op: sum(bool(re.search(rf"\b{op}\b", x)) for x in body) for op in ("HGMMA", "STL", "LDL")}
+        if count["HGMMA"]:
+            out.append(f"    loop [{lo:#x}, {addr:#x}]: {len(body):5d} instructions, HGMMA {count['HGMMA']:3d}, "
+                       f"STL {count['STL']:3d}, LDL {count['LDL']:3d}")
+    return out
+
+
 def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
     """(name, kernel, launch args, launcher config key) at head dim D, G = 8."""
     t = lambda dt=dtype: torch.empty(1, dtype=dt)
@@ -90,6 +126,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--plain", action="store_true", help="no gate and no sink (default: both)")
+    ap.add_argument("--loops", action="store_true", help="also list each matrix-product loop's size and spills")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--check-smem", action="store_true",
                     help=f"exit 1 if a kernel needs more than {HOPPER_SMEM_PER_BLOCK} B of shared memory per block")
@@ -106,6 +143,8 @@ def main():
             nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
             c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
             print(f"D={D:3d} {name:20s} {cfg} warps={nw} stages={ns}: {resource_report(c)}", flush=True)
+            if args.loops:
+                print("\n".join(loop_report(c)), flush=True)
             if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
                 too_big.append(f"{name} D={D} {args.dtype}: {c.metadata.shared} B")
     if args.check_smem and too_big:
