@@ -15,6 +15,9 @@ length (|G| ~ 1e4 at T = 16k), and the fold rounds at that magnitude, while G_i 
 Every loop over key (forward, dQ) or query (dK/dV) blocks is split in three ranges by the `*_ranges` helpers:
 blocks that need the window mask, blocks every row sees whole (no mask at all), and the causal diagonal. The block
 bodies below are called once per range with `MASK` as a compile-time flag, so the unmasked bulk pays no masking.
+
+NaN/Inf containment (a non-finite input reaches only what depends on it) is a second, compile-time `SAFE` variant
+of the masked blocks, run only for a tile whose first, plain pass produced a non-finite output (`any_nonfinite`).
 """
 
 import triton
