@@ -50,14 +50,19 @@ def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def resource_report(compiled) -> str:
-    """Registers, spills and shared memory of the cubin Triton built, read with the cuobjdump Triton ships."""
+def cuobjdump(compiled, flag: str) -> str:
+    """The output of the cuobjdump Triton ships, run with `flag` on the compiled kernel's cubin."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
-        out = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+        return subprocess.run([tool, flag, path], capture_output=True, text=True).stdout
+
+
+def resource_report(compiled) -> str:
+    """Registers, spills and shared memory of the cubin Triton built."""
+    out = cuobjdump(compiled, "--dump-resource-usage")
     regs = re.search(r"REG:(\d+)", out)
     stack = re.search(r"STACK:(\d+)", out)
     local = re.search(r"LOCAL:(\d+)", out)
@@ -67,20 +72,11 @@ def resource_report(compiled) -> str:
     return f"regs {regs.group(1):>3s}  stack {stack} B  local {local} B  smem {compiled.metadata.shared} B"
 
 
-def sass(compiled) -> str:
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        return subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
-
-
 def loop_report(compiled) -> list:
     """One line per backward branch whose range holds HGMMA instructions (a loop with matrix products), in code
     order: address range, instructions, HGMMA, STL, LDL. Nested ranges are listed separately."""
     ins = []
-    for line in sass(compiled).splitlines():
+    for line in cuobjdump(compiled, "-sass").splitlines():
         m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(2)))

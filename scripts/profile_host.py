@@ -33,27 +33,27 @@ def _nop_kernel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14,
     pass
 
 
-def _issue_us(fn, calls=50):
-    """CPU microseconds to issue fn with an idle GPU queue (median)."""
+def _host_us(fn, calls=50, sync=False):
+    """Median microseconds of fn from an idle GPU queue: the CPU time to issue it, or with `sync` its wall time
+    until the GPU is done."""
     out = []
     for _ in range(calls):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
+        if sync:
+            torch.cuda.synchronize()
         out.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     return statistics.median(out)
 
 
+def _issue_us(fn, calls=50):
+    return _host_us(fn, calls)
+
+
 def _wall_us(fn, calls=50):
-    out = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(out)
+    return _host_us(fn, calls, sync=True)
 
 
 def profile_shape(name: str, top: int) -> None:

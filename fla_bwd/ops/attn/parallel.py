@@ -443,8 +443,13 @@ def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_
         return "gqa"
     lengths = (T,) * B if cu_seqlens is None else _lengths(cu_seqlens)
     W = T if window_size is None else window_size
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    return "gqa" if _gqa_load_balanced(lengths, H, G, K, W, sms) else "legacy"
+    return "gqa" if _gqa_load_balanced(lengths, H, G, K, W, _sm_count(q.device.index)) else "legacy"
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    # Read once per device: the dispatch runs on every backward call.
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _lengths(cu_seqlens: torch.Tensor) -> tuple:

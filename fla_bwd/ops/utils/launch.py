@@ -17,7 +17,7 @@ through the normal path, for A/B measurements or a Triton whose compiled-kernel 
 """
 
 import os
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from triton.runtime.jit import JITFunction
@@ -64,29 +64,40 @@ class Launcher:
     def __init__(self, kernel):
         self.kernel = kernel
         self.names: Tuple[str, ...] = ()
+        self.name_set: frozenset = frozenset()
         self.constexpr: Tuple[bool, ...] = ()
         self.cache: Dict[tuple, Callable] = {}
 
-    def key(self, kwargs: dict) -> tuple:
-        names, get = self.names, kwargs.get
-        args = tuple(_arg_key(get(n), c) for n, c in zip(names, self.constexpr))
-        options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in names))
+    def _bind(self) -> None:
+        """Parameter names and constexpr flags, read once, at the first compiled launch (under the interpreter the
+        kernel is no JITFunction)."""
+        jit = _jit_function(self.kernel)
+        self.names = tuple(jit.arg_names)
+        self.name_set = frozenset(self.names)
+        self.constexpr = tuple(p.is_constexpr for p in jit.params)
+
+    def key(self, kwargs: dict, values: Optional[list] = None) -> tuple:
+        """The cache key of a launch; `values` are the parameters in signature order (taken from kwargs if None)."""
+        if values is None:
+            values = [kwargs.get(n) for n in self.names]
+        args = tuple(map(_arg_key, values, self.constexpr))
+        options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in self.name_set))
         return torch.cuda.current_device(), args, options
 
     def __call__(self, grid: tuple, **kwargs) -> None:
         if not _FAST or is_interpreter():
             self.kernel[grid](**kwargs)
             return
-        if not self.names:  # first compiled launch (under the interpreter the kernel is no JITFunction)
-            jit = _jit_function(self.kernel)
-            self.names = tuple(jit.arg_names)
-            self.constexpr = tuple(p.is_constexpr for p in jit.params)
-        key = self.key(kwargs)
+        if not self.names:
+            self._bind()
+        # Parameters left to the heuristics wrapper are absent (None here): they are constexprs, which the
+        # compiled launcher skips.
+        values = [kwargs.get(n) for n in self.names]
+        key = self.key(kwargs, values)
         compiled = self.cache.get(key)
         if compiled is not None:
-            # Parameters left to the heuristics wrapper are constexprs: the compiled launcher skips them.
             # The compiled kernel's launcher indexes three grid dimensions (`kernel[grid]` pads them itself).
-            compiled[tuple(grid) + (1,) * (3 - len(grid))](*(kwargs.get(n) for n in self.names))
+            compiled[tuple(grid) + (1,) * (3 - len(grid))](*values)
             return
         compiled = self.kernel[grid](**kwargs)
         if hasattr(compiled, "__getitem__") and hasattr(compiled, "run"):

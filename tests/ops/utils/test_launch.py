@@ -50,8 +50,8 @@ def launcher(monkeypatch):
 
 
 def _key(launcher, **kwargs):
-    launcher.names = launcher.names or tuple(launcher.kernel.fn.arg_names)
-    launcher.constexpr = launcher.constexpr or tuple(p.is_constexpr for p in launcher.kernel.fn.params)
+    if not launcher.names:
+        launcher._bind()
     base = dict(x=torch.zeros(8), y=None, n=100, scale=0.5, C=4, num_warps=4)
     return launcher.key({**base, **kwargs})
 
