@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 import fla_bwd.ops.attn.parallel as P
 
 HOPPER_SMEM_PER_BLOCK = 232448  # 227 KB: cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200
-TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int8: "i8"}
 
 
 def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
@@ -101,10 +101,11 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
     dims = dict(HQ=32, H=4, G=8, K=D, V=D, BK=max(16, triton.next_power_of_2(D)), BV=max(16, triton.next_power_of_2(D)),
                 DOT_PREC="ieee" if dtype == f32 else "tf32")
     gate, sk = (t(f32) if gated else None), (t(f32) if sink else None)
-    base = dict(q=t(), k=t(), v=t(), lse=t(f32), g_cumsum=gate, cu_seqlens=None, chunk_indices=None, scale=0.1,
-                T=100, W=100, NTOK=100, B=1, **dims)
+    base = dict(q=t(), k=t(), v=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=gate, cu_seqlens=None,
+                chunk_indices=None, scale=0.1, T=100, W=100, NTOK=100, B=1, **dims)
     dkv = dict(base, do=t(), dGk=gate, dsink_partial=sk, delta=t(f32), sink_bias=sk)
-    return [
+    # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `P._launch_contained`).
+    plain = [
         ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
         ("dq", P.parallel_attn_bwd_kernel_dq,
          dict(base, o=t(), do=t(), dq=t(), dG=gate, delta=t(f32), DELTA_FROM_O=True, REFINE_DELTA=gated or sink,
@@ -112,6 +113,8 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
         ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
         ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t()), "dkv"),
     ]
+    return [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
+            for name, kernel, launch, key in plain for mode in (0, 1, 2)]
 
 
 def parse_override(text):
@@ -138,7 +141,7 @@ def main():
             cfg = dict(P._config(key, D, dtype), **parse_override(getattr(args, key)))
             nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
             c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
-            print(f"D={D:3d} {name:20s} {cfg} warps={nw} stages={ns}: {resource_report(c)}", flush=True)
+            print(f"D={D:3d} {name:26s} {cfg} warps={nw} stages={ns}: {resource_report(c)}", flush=True)
             if args.loops:
                 print("\n".join(loop_report(c)), flush=True)
             if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:

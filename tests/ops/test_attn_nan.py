@@ -4,9 +4,10 @@ nowhere else, and never crashes or hangs.
 
 Inside a tile matrix product the masked entries of P (or dS) are exact zeros, and 0 * NaN = 0 * Inf = NaN, so a
 non-finite q, k, v or do row (or the lse/delta of a row that depends on one) would poison the rows of the same tile
-that cannot see it. The kernels' masked blocks (`MASK=True` in fla_bwd/ops/attn/inner.py) mask after the
-arithmetic and zero non-finite operand rows (`finite_rows`, `row_flags`); in unmasked blocks every row depends on
-every key, so NaN spreading there is correct.
+that cannot see it. The kernels' masked blocks (`MASK=True` in fla_bwd/ops/attn/inner.py) with SAFE mask after
+the arithmetic and zero non-finite operand rows (`finite_rows`, `row_flags`); in unmasked blocks every row depends
+on every key, so NaN spreading there is correct. SAFE runs only for tiles whose plain computation gave a non-finite
+output, either in the same launch or in a second one (`_launch_contained`); every case runs both ways.
 """
 
 import math
@@ -108,12 +109,29 @@ def _check_poisoned(out: dict, clean: dict, dep: dict) -> None:
     ("q", math.nan), ("q", math.inf), ("k", math.nan), ("k", math.inf), ("v", math.nan), ("v", math.inf),
     ("g", math.nan), ("g", math.inf),
 ], ids=["q_nan", "q_inf", "k_nan", "k_inf", "v_nan", "v_inf", "g_nan", "g_inf"])
-def test_nan_inf_propagation(which, value, W):
+@pytest.mark.parametrize("containment", ["inline", "two-launch"])
+def test_nan_inf_propagation(which, value, W, containment, monkeypatch):
     """A NaN/+Inf in one (b, t, head) vector of q, k, v (all D elements) or one element of g, at b = 1, t = 20
     (mid-tile for the interpreter's 32-row tiles, so masked elements of the same tile are exercised): the
     dependent outputs and gradients (see the table above) are non-finite; all others are finite and bitwise
     equal to the clean run."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
     out, clean, dep = _poisoned_run(which, value, W, gate=which == "g")
     _check_poisoned(out, clean, dep)
 
 
+
+
+def test_containment_choice(monkeypatch):
+    """Host-bound calls contain inline (one launch), larger ones with a second launch; the override is checked."""
+    from fla_bwd.ops.attn.parallel import containment
+
+    monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
+    assert containment(B=4, HQ=32, T=512, W=512, D=128) == "inline"  # the registry's mha-short row
+    assert containment(B=2, HQ=32, T=2048, W=2048, D=128) == "two-launch"  # gqa4-long
+    assert containment(B=1, HQ=32, T=16384, W=256, D=128) == "two-launch"  # g8-T16384-W256
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
+    assert containment(B=1, HQ=32, T=16384, W=256, D=128) == "inline"
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "fast")
+    with pytest.raises(ValueError, match="FLA_BWD_CONTAINMENT"):
+        containment(B=1, HQ=1, T=1, W=1, D=1)

@@ -17,13 +17,19 @@ blocks that need the window mask, blocks every row sees whole (no mask at all), 
 bodies below are called once per range with `MASK` as a compile-time flag, so the unmasked bulk pays no masking.
 
 NaN/Inf containment (a non-finite input reaches only what depends on it) is a second, compile-time `SAFE` variant
-of the masked blocks, run only for a tile whose first, plain pass produced a non-finite output (`any_nonfinite`).
+of the masked blocks, run only for a tile whose plain computation produced a non-finite output (`any_nonfinite`).
 """
 
 import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
+
+# How a kernel keeps a NaN/Inf input to the outputs that depend on it: its `CONTAIN` constexpr (see `any_nonfinite`
+# and `parallel._launch_contained`, which picks one per call).
+INLINE = tl.constexpr(0)  # one launch: a program whose outputs are not finite computes its tile again with SAFE
+FLAG = tl.constexpr(1)  # first of two launches: plain tiles; each program stores whether its outputs are not finite
+FIXUP = tl.constexpr(2)  # second launch: only the flagged programs run, with SAFE, and overwrite their outputs
 
 
 @triton.jit
@@ -129,10 +135,11 @@ def any_nonfinite(b_x):
     """Whether the 2-D block b_x holds a NaN or an Inf (a scalar).
 
     Every kernel computes its tile first without the NaN/Inf containment of the masked blocks (SAFE=False: the
-    masked zeros of P and dS simply multiply their operands), then tests its outputs with this and, only if one is
-    not finite, computes the tile again with SAFE=True and stores that. This is exact: the first pass can only add
-    NaN (0 * NaN, 0 * Inf) to what the contained pass computes, never remove one, so finite outputs of the first
-    pass are the contained result bitwise. Containment inside every masked block instead cost 20-27% of the
+    masked zeros of P and dS simply multiply their operands) and tests its outputs with this; only a tile with a
+    non-finite output is computed again with SAFE=True, in the same program or in a second launch (the kernels'
+    CONTAIN modes INLINE, FLAG and FIXUP; `parallel._launch_contained` picks). This is exact: the plain pass can
+    only add NaN (0 * NaN, 0 * Inf) to what the contained pass computes, never remove one, so finite outputs of the
+    plain pass are the contained result. Containment inside every masked block instead cost 20-27% of the
     backward on the H200's windowed T = 16384 rows and 12% of the forward (PERF.md #15): the zeroed operands
     left the shared-memory path of the matrix products and raised the spills."""
     return tl.sum(row_flags(b_x), 0) != 0

@@ -21,6 +21,9 @@ import triton
 import triton.language as tl
 
 from fla_bwd.ops.attn.inner import (
+    FIXUP,
+    FLAG,
+    INLINE,
     LOG2E,
     any_nonfinite,
     dkv_one_head,
@@ -49,13 +52,18 @@ _HEURISTICS = {
 @triton.heuristics(_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_fwd_kernel(
-    q, k, v, o, lse, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
+    q, k, v, o, lse, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    CONTAIN: tl.constexpr,
 ):
-    """o and the base-2 log-sum-exp (sink included) for one query tile of one query head."""
+    """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
+    input is kept to the outputs that depend on it (see `_launch_contained`)."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
+    if CONTAIN == FIXUP:
+        if tl.load(nonfinite + tl.program_id(0)) == 0:
+            return
     i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ, G, BT, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
@@ -73,10 +81,13 @@ def parallel_attn_fwd_kernel(
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
     qk_scale = scale * LOG2E
     b_o, b_m, b_l = fwd_tile(b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-                             K, V, BT, BS, BK, BV, USE_G, DOT_PREC, False)
-    if any_nonfinite(b_o):  # a NaN/Inf input reached this tile: again with containment (see `any_nonfinite`)
-        b_o, b_m, b_l = fwd_tile(b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-                                 K, V, BT, BS, BK, BV, USE_G, DOT_PREC, True)
+                             K, V, BT, BS, BK, BV, USE_G, DOT_PREC, CONTAIN == FIXUP)
+    if CONTAIN == INLINE:
+        if any_nonfinite(b_o):
+            b_o, b_m, b_l = fwd_tile(b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+                                     K, V, BT, BS, BK, BV, USE_G, DOT_PREC, True)
+    if CONTAIN == FLAG:
+        tl.store(nonfinite + tl.program_id(0), any_nonfinite(b_o).to(tl.int8))
     if USE_SINK:
         # The sink is one more logit in the denominator: fold exp(sink) into l at a common maximum.
         b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
@@ -94,19 +105,22 @@ def parallel_attn_fwd_kernel(
 @triton.heuristics({n: _HEURISTICS[n] for n in ("USE_G", "IS_VARLEN")})
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
-    q, k, v, o, do, dq, dG, lse, delta, g_cumsum, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
+    q, k, v, o, do, dq, dG, lse, delta, nonfinite, g_cumsum, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, DELTA_FROM_O: tl.constexpr, REFINE_DELTA: tl.constexpr,
-    COMPUTE_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
+    COMPUTE_DQ: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
 ):
     """dQ for one query tile of one query head, over the same key ranges as the forward. With DELTA_FROM_O it
     computes delta = rowsum(o * dO) of its rows and stores it for the dK/dV kernel (no separate preprocess
     launch: one kernel launch costs 26-43 us of host time on the H200 machine, PERF.md #13); otherwise it reads
     delta. With REFINE_DELTA it also replaces delta by rowsum(P * dP) for the kernels that run next (see the end
     of this kernel), and with gates it stores the query side of dG (see `dkv_one_head`); without COMPUTE_DQ it
-    does only that (the first of two passes, see `attn_bwd_dq`)."""
+    does only that (the first of two passes, see `attn_bwd_dq`). CONTAIN as in the forward kernel."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
+    if CONTAIN == FIXUP:
+        if tl.load(nonfinite + tl.program_id(0)) == 0:
+            return
     i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ, G, BT, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
@@ -137,12 +151,16 @@ def parallel_attn_bwd_kernel_dq(
     qk_scale = scale * LOG2E
     b_dq, b_pdp, b_off_pdp, b_off_p = dq_tile(
         b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-        K, V, BT, BS, BK, BV, REFINE_DELTA, DOT_PREC, USE_G, COMPUTE_DQ, False)
-    # A NaN/Inf input reached this tile: again with containment (see `any_nonfinite`).
-    if any_nonfinite(b_dq) | any_nonfinite((b_pdp + b_off_pdp + b_off_p)[:, None]):
-        b_dq, b_pdp, b_off_pdp, b_off_p = dq_tile(
-            b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-            K, V, BT, BS, BK, BV, REFINE_DELTA, DOT_PREC, USE_G, COMPUTE_DQ, True)
+        K, V, BT, BS, BK, BV, REFINE_DELTA, DOT_PREC, USE_G, COMPUTE_DQ, CONTAIN == FIXUP)
+    if CONTAIN != FIXUP:
+        bad = any_nonfinite(b_dq) | any_nonfinite((b_pdp + b_off_pdp + b_off_p)[:, None])
+        if CONTAIN == INLINE:
+            if bad:
+                b_dq, b_pdp, b_off_pdp, b_off_p = dq_tile(
+                    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+                    K, V, BT, BS, BK, BV, REFINE_DELTA, DOT_PREC, USE_G, COMPUTE_DQ, True)
+        else:
+            tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     if COMPUTE_DQ:
         tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
     if REFINE_DELTA:
@@ -215,61 +233,75 @@ def _dkv_heads(
 
 @triton.jit
 def _dkv_tile(
-    q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, scale, i_h, i_hq0, i_head, i_slot,
-    num_slots, bos, s0, o_s, m_s, T, W, NTOK,
+    q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale, i_h, i_hq0, i_head,
+    i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK,
     HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
 ):
     """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
-    i_head of `[B, T, NH, *]`. Computed without containment, then again with it if an output is not finite (see
-    `any_nonfinite`; the dsink partials and the key side of dG are plain stores, so the second pass overwrites)."""
+    i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `_launch_contained`; the dsink partials
+    and the key side of dG are plain stores, so a recomputed tile overwrites them)."""
     b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H, K, V, BK, BV)
     b_dk, b_dv = _dkv_heads(
         q, do, lse, delta, g_cumsum, dGk, dsink_partial, sink_bias, b_k, b_v, i_hq0, i_slot, num_slots, bos, s0, T,
-        W, NTOK, scale * LOG2E, HQ, NUM_HEADS, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC, False)
-    if any_nonfinite(b_dk) | any_nonfinite(b_dv):
-        b_dk, b_dv = _dkv_heads(
-            q, do, lse, delta, g_cumsum, dGk, dsink_partial, sink_bias, b_k, b_v, i_hq0, i_slot, num_slots, bos, s0,
-            T, W, NTOK, scale * LOG2E, HQ, NUM_HEADS, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC, True)
+        W, NTOK, scale * LOG2E, HQ, NUM_HEADS, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC, CONTAIN == FIXUP)
+    if CONTAIN != FIXUP:
+        bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
+        if CONTAIN == INLINE:
+            if bad:
+                b_dk, b_dv = _dkv_heads(
+                    q, do, lse, delta, g_cumsum, dGk, dsink_partial, sink_bias, b_k, b_v, i_hq0, i_slot, num_slots,
+                    bos, s0, T, W, NTOK, scale * LOG2E, HQ, NUM_HEADS, K, V, BT, BS, BK, BV, USE_G, USE_SINK,
+                    DOT_PREC, True)
+        else:
+            tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_head, o_s, m_s, NH, K, V, BK, BV)
 
 
 @triton.heuristics(_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dkv_per_query_head(
-    q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T,
-    W, NTOK, B,
+    q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices,
+    scale, T, W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    CONTAIN: tl.constexpr,
 ):
     """Legacy dK/dV: one program per (key tile, query head). Writes `[B, T, HQ, *]` buffers (fp32 when G > 1;
     the host then sums each group of G heads)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
+    if CONTAIN == FIXUP:
+        if tl.load(nonfinite + tl.program_id(0)) == 0:
+            return
     i_hq, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, HQ, BT, IS_VARLEN)
-    _dkv_tile(q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, scale, i_hq // G, i_hq, i_hq,
-              i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK, HQ, H, HQ, 1, K, V, BT, BS, BK, BV, USE_G, USE_SINK,
-              DOT_PREC)
+    _dkv_tile(q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale, i_hq // G,
+              i_hq, i_hq, i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK, HQ, H, HQ, 1, K, V, BT, BS, BK, BV, USE_G,
+              USE_SINK, DOT_PREC, CONTAIN)
 
 
 @triton.heuristics(_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dkv_per_kv_head(
-    q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T,
-    W, NTOK, B,
+    q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices,
+    scale, T, W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    CONTAIN: tl.constexpr,
 ):
     """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
     loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
     dtype: no HQ-shaped scratch, no reduction kernel, no atomics (so it is deterministic)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
+    if CONTAIN == FIXUP:
+        if tl.load(nonfinite + tl.program_id(0)) == 0:
+            return
     i_h, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, H, BT, IS_VARLEN)
-    _dkv_tile(q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, g_cumsum, sink_bias, scale, i_h, i_h * G, i_h,
-              i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK, HQ, H, H, G, K, V, BT, BS, BK, BV, USE_G, USE_SINK,
-              DOT_PREC)
+    _dkv_tile(q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale, i_h,
+              i_h * G, i_h, i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK, HQ, H, H, G, K, V, BT, BS, BK, BV, USE_G,
+              USE_SINK, DOT_PREC, CONTAIN)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -280,6 +312,44 @@ _launch_fwd = Launcher(parallel_attn_fwd_kernel)
 _launch_dq = Launcher(parallel_attn_bwd_kernel_dq)
 _launch_dkv_per_query_head = Launcher(parallel_attn_bwd_kernel_dkv_per_query_head)
 _launch_dkv_per_kv_head = Launcher(parallel_attn_bwd_kernel_dkv_per_kv_head)
+
+
+CONTAINMENTS = ("auto", "inline", "two-launch")
+# Calls with less work than this (B * HQ * T * min(T, W) * max(K, V)) are host-bound on the H200 machine: one more
+# launch costs more there than containment compiled into the kernel (PERF.md #17).
+_INLINE_CONTAINMENT_WORK = 2**33
+
+
+def containment(B: int, HQ: int, T: int, W: int, D: int) -> str:
+    """How the kernels of one call keep a NaN/Inf input to the outputs that depend on it: "inline" or "two-launch"
+    (see `_launch_contained`); both give the same, bitwise. The environment variable FLA_BWD_CONTAINMENT forces
+    either (for A/B timing and the tests)."""
+    forced = os.environ.get("FLA_BWD_CONTAINMENT", "auto")
+    if forced not in CONTAINMENTS:
+        raise ValueError(f"FLA_BWD_CONTAINMENT must be one of {CONTAINMENTS}, got {forced!r}")
+    if forced != "auto":
+        return forced
+    return "inline" if B * HQ * T * min(T, W) * D < _INLINE_CONTAINMENT_WORK else "two-launch"
+
+
+def _launch_contained(launch: Launcher, programs: int, **kwargs) -> None:
+    """Launch a kernel over `programs` programs with NaN/Inf containment (a non-finite input reaches only the
+    outputs that depend on it), in one of two ways, both exact (see `any_nonfinite`):
+    - "two-launch": a FLAG launch computes every tile plainly and stores per program whether its outputs are not
+      finite; a FIXUP launch recomputes only the flagged tiles with containment and overwrites their outputs (the
+      other programs read one byte and return);
+    - "inline": one launch; a program whose outputs are not finite recomputes its tile with containment at once.
+    Inline keeps the SAFE copy of the loops in the kernel, which makes the compiler schedule the plain loops worse:
+    on the H200, g8-T16384-W256 backward 1526 us inline vs 1015 two-launch (976 without containment), forward 466
+    vs 397 (PERF.md #17). Two-launch costs one more launch per kernel, ~30-50 us of host time on the H200 machine,
+    which decides the time of host-bound short rows; `containment` picks by the amount of work."""
+    B, T, W = kwargs["B"], kwargs["T"], kwargs["W"]
+    if containment(B, kwargs["HQ"], T, W, max(kwargs["K"], kwargs["V"])) == "inline":
+        launch((programs,), nonfinite=None, CONTAIN=INLINE.value, **kwargs)
+        return
+    nonfinite = torch.empty(programs, dtype=torch.int8, device=kwargs["q"].device)
+    for mode in (FLAG, FIXUP):
+        launch((programs,), nonfinite=nonfinite, CONTAIN=mode.value, **kwargs)
 
 
 def _config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -329,9 +399,9 @@ def attn_fwd(q, k, v, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens):
     lse = empty(HQ, B * T, dtype=torch.float32, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
     if NT > 0:
-        _launch_fwd(
-            (NT * B * HQ,), q=q, k=k, v=v, o=o, lse=lse, g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens,
-            chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg,
+        _launch_contained(
+            _launch_fwd, NT * B * HQ, q=q, k=k, v=v, o=o, lse=lse, g_cumsum=g_cumsum, sink_bias=sink_bias,
+            cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg,
         )
     return o, lse
 
@@ -357,9 +427,9 @@ def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dG, scale: float, W: int, cu_seql
     passes = {"rounded": [(True, False, True)], "refine": [(True, True, True)],
               "exact": [(False, True, False), (False, False, True)]}
     for from_o, refine, compute_dq in passes[delta_mode] if NT > 0 else []:
-        _launch_dq(
-            (NT * B * HQ,), q=q, k=k, v=v, o=o, do=do, dq=dq, dG=dG, lse=lse, delta=delta, g_cumsum=g_cumsum,
-            cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B,
+        _launch_contained(
+            _launch_dq, NT * B * HQ, q=q, k=k, v=v, o=o, do=do, dq=dq, dG=dG, lse=lse, delta=delta,
+            g_cumsum=g_cumsum, cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B,
             DELTA_FROM_O=from_o, REFINE_DELTA=refine, COMPUTE_DQ=compute_dq, **dims, **cfg,
         )
     return dq, delta
@@ -386,10 +456,10 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: 
     partial = empty(HQ, NT * B, dtype=torch.float32, device=q.device) if sink_bias is not None else None
     dGk = empty(*lse.shape, dtype=torch.float32, device=q.device) if g_cumsum is not None else None
     if NT > 0:
-        kernel(
-            (NT * heads,), q=q, k=k, v=v, do=do, dk=dk, dv=dv, dGk=dGk, dsink_partial=partial, lse=lse, delta=delta,
-            g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W,
-            NTOK=B * T, B=B, **dims, **cfg,
+        _launch_contained(
+            kernel, NT * heads, q=q, k=k, v=v, do=do, dk=dk, dv=dv, dGk=dGk, dsink_partial=partial,
+            lse=lse, delta=delta, g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices,
+            scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg,
         )
     if NH != H:
         dk = dk.view(B, T, H, G, K).sum(3).to(q.dtype)
