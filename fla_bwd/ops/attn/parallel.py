@@ -316,14 +316,14 @@ _launch_dkv_per_kv_head = Launcher(parallel_attn_bwd_kernel_dkv_per_kv_head)
 
 CONTAINMENTS = ("auto", "inline", "two-launch")
 # Calls with less work than this (B * HQ * T * min(T, W) * max(K, V)) are host-bound on the H200 machine: one more
-# launch costs more there than containment compiled into the kernel (PERF.md #17).
+# launch costs more there than containment compiled into the kernel (PERF.md #18).
 _INLINE_CONTAINMENT_WORK = 2**33
 
 
 def containment(B: int, HQ: int, T: int, W: int, D: int) -> str:
     """How the kernels of one call keep a NaN/Inf input to the outputs that depend on it: "inline" or "two-launch"
-    (see `_launch_contained`); both give the same, bitwise. The environment variable FLA_BWD_CONTAINMENT forces
-    either (for A/B timing and the tests)."""
+    (see `_launch_contained`); both contain exactly. The environment variable FLA_BWD_CONTAINMENT forces either
+    (for A/B timing and the tests, which run every NaN/Inf case both ways)."""
     forced = os.environ.get("FLA_BWD_CONTAINMENT", "auto")
     if forced not in CONTAINMENTS:
         raise ValueError(f"FLA_BWD_CONTAINMENT must be one of {CONTAINMENTS}, got {forced!r}")
@@ -341,8 +341,8 @@ def _launch_contained(launch: Launcher, programs: int, **kwargs) -> None:
     - "inline": one launch; a program whose outputs are not finite recomputes its tile with containment at once.
     Inline keeps the SAFE copy of the loops in the kernel, which makes the compiler schedule the plain loops worse:
     on the H200, g8-T16384-W256 backward 1526 us inline vs 1015 two-launch (976 without containment), forward 466
-    vs 397 (PERF.md #17). Two-launch costs one more launch per kernel, ~30-50 us of host time on the H200 machine,
-    which decides the time of host-bound short rows; `containment` picks by the amount of work."""
+    vs 397 (PERF.md #17, #18). Two-launch costs one more launch per kernel, ~30-50 us of host time on the H200
+    machine, which decides the time of host-bound short rows; `containment` picks by the amount of work."""
     B, T, W = kwargs["B"], kwargs["T"], kwargs["W"]
     if containment(B, kwargs["HQ"], T, W, max(kwargs["K"], kwargs["V"])) == "inline":
         launch((programs,), nonfinite=None, CONTAIN=INLINE.value, **kwargs)
