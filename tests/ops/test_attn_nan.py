@@ -63,11 +63,14 @@ def _dependence(which: str, b: int, t: int, head: int, W: int) -> dict:
     dG = rows | keys
     # dg = reverse cumsum of dG: poisoned at i if any dG at i' >= i is.
     dg = dG.flip(1).cumsum(1).flip(1) > 0
-    return {"o": rows, "dq": rows, "dk": kv, "dv": torch.zeros_like(kv) if which == "v" else kv, "dg": dg}
+    # dsink[hq] = -sum over every row of head hq of p_sink * delta: poisoned for heads with a dependent row.
+    dsink = rows.any(1).any(0)
+    return {"o": rows, "dq": rows, "dk": kv, "dv": torch.zeros_like(kv) if which == "v" else kv, "dg": dg,
+            "dsink": dsink}
 
 
-def _poisoned_run(which: str, value: float, W: Optional[int], gate: bool):
-    case = Case(B=NAN_B, T=NAN_T, HQ=NAN_HQ, H=NAN_H, K=NAN_D, dtype=bf16, gate=gate, window=W)
+def _poisoned_run(which: str, value: float, W: Optional[int], gate: bool, sink: Optional[float] = None):
+    case = Case(B=NAN_B, T=NAN_T, HQ=NAN_HQ, H=NAN_H, K=NAN_D, dtype=bf16, gate=gate, window=W, sink=sink)
     x = make_inputs(case)
     clean = run_parallel(case, x)
     b, t = 1, 20
@@ -120,6 +123,16 @@ def test_nan_inf_propagation(which, value, W, containment, monkeypatch):
     _check_poisoned(out, clean, dep)
 
 
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("containment", ["inline", "two-launch"])
+def test_nan_with_sink(which, containment, monkeypatch):
+    """With an attention sink (two dQ launches for the exact delta, dsink from per-tile partials): a NaN q, k or v
+    vector reaches the same outputs as without, and dsink of exactly the query heads with a dependent row."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
+    out, clean, dep = _poisoned_run(which, math.nan, 8, gate=False, sink=0.0)
+    _check_poisoned(out, clean, dep)
 
 
 def test_containment_choice(monkeypatch):
