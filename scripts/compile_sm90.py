@@ -14,6 +14,8 @@ say where the spills are, e.g. whether the unmasked bulk loop spills at all.
 """
 
 import argparse
+import concurrent.futures
+import multiprocessing
 import os
 import re
 import subprocess
@@ -121,6 +123,22 @@ def parse_override(text):
     return {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))} if text else {}
 
 
+def compile_one(task: tuple) -> tuple:
+    """(report lines, over-the-limit message or None) of one kernel; a task is (D, dtype name, plain, index of the
+    kernel in `kernels`, overrides per launcher key, loops). Top-level, so worker processes can run it."""
+    D, dtype_name, plain, index, overrides, loops = task
+    dtype = getattr(torch, dtype_name)
+    name, kernel, launch, key = kernels(D, dtype, gated=not plain, sink=not plain)[index]
+    cfg = dict(P._config(key, D, dtype), **parse_override(overrides[key]))
+    nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
+    c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
+    lines = [f"D={D:3d} {name:26s} {cfg} warps={nw} stages={ns}: {resource_report(c)}"]
+    if loops:
+        lines += loop_report(c)
+    too_big = f"{name} D={D} {dtype_name}: {c.metadata.shared} B" if c.metadata.shared > HOPPER_SMEM_PER_BLOCK else None
+    return lines, too_big
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dims", default="64,128")
@@ -129,23 +147,26 @@ def main():
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--check-smem", action="store_true",
                     help=f"exit 1 if a kernel needs more than {HOPPER_SMEM_PER_BLOCK} B of shared memory per block")
+    ap.add_argument("--jobs", type=int, default=1, help="compile in this many processes (output order unchanged)")
     for k in ("fwd", "dq", "dkv"):
         ap.add_argument(f"--{k}", default="", help="override, e.g. BT=128,BS=64,num_warps=8,num_stages=2")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("compile_sm90.py compiles for the GPU: run it without TRITON_INTERPRET=1")
+    overrides = {k: getattr(args, k) for k in ("fwd", "dq", "dkv")}
+    tasks = [(D, args.dtype, args.plain, i, overrides, args.loops)
+             for D in map(int, args.dims.split(","))
+             for i in range(len(kernels(D, getattr(torch, args.dtype), not args.plain, not args.plain)))]
+    if args.jobs > 1:
+        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+            results = ex.map(compile_one, tasks)
+    else:
+        results = map(compile_one, tasks)
     too_big = []
-    for D in map(int, args.dims.split(",")):
-        dtype = getattr(torch, args.dtype)
-        for name, kernel, launch, key in kernels(D, dtype, gated=not args.plain, sink=not args.plain):
-            cfg = dict(P._config(key, D, dtype), **parse_override(getattr(args, key)))
-            nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
-            c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
-            print(f"D={D:3d} {name:26s} {cfg} warps={nw} stages={ns}: {resource_report(c)}", flush=True)
-            if args.loops:
-                print("\n".join(loop_report(c)), flush=True)
-            if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
-                too_big.append(f"{name} D={D} {args.dtype}: {c.metadata.shared} B")
+    for lines, over in results:
+        print("\n".join(lines), flush=True)
+        if over:
+            too_big.append(over)
     if args.check_smem and too_big:
         raise SystemExit("over the shared-memory limit: " + "; ".join(too_big))
 
