@@ -3,8 +3,8 @@
 """Where the host time of one `parallel_attn` backward goes, on a GPU (PERF.md #11 left it unexplained).
 
 Prints, for each shape: the synchronised wall time of a backward call, the CPU time to issue it (no sync, queue
-empty), the issue time of each launcher alone, the launch floor of a trivial Triton kernel with as many arguments,
-and the top of a cProfile of repeated backward calls.
+empty), the issue time of each launcher alone, and the top of a cProfile of repeated backward calls; first, the host
+cost of one launch of a trivial kernel, six ways, from an idle queue and back to back (`launch_floor`).
 
     python scripts/profile_host.py --shapes gqa4-short,mha-short
 """
@@ -50,6 +50,44 @@ def _host_us(fn, calls=50, sync=False):
 
 def _issue_us(fn, calls=50):
     return _host_us(fn, calls)
+
+
+def _back_to_back_us(fn, calls=200):
+    """Mean microseconds of host time per call of fn over `calls` calls issued without a synchronize."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    per_call = (time.perf_counter() - t0) * 1e6 / calls
+    torch.cuda.synchronize()
+    return per_call
+
+
+def launch_floor() -> None:
+    """Host cost of one launch, from an idle queue and back to back: a torch kernel, a trivial Triton kernel with
+    20 tensor or 10 tensor + 10 integer arguments through `kernel[grid]`, through the compiled kernel's runner
+    (what `fla_bwd.ops.utils.launch.Launcher` calls), and through the compiled launcher called directly with the
+    stream and function handles looked up once (PERF.md, "Levers": is the floor Triton's or the driver's?)."""
+    x = torch.zeros(16, device="cuda")
+    grid = (1, 1, 1)
+    ptrs, mixed = [x] * 20, [x] * 10 + [1] * 10
+    compiled = _nop_kernel[grid](*ptrs, C0=1, C1=2, C2=3, C3=4)
+    values = [*ptrs, 1, 2, 3, 4]  # the compiled launcher takes every parameter, constexprs included
+    stream = torch.cuda.current_stream().cuda_stream
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    ways = {
+        "torch x.add_(1)": lambda: x.add_(1),
+        "torch.empty": lambda: torch.empty(64, device="cuda"),
+        "kernel[grid], 20 tensors": lambda: _nop_kernel[grid](*ptrs, C0=1, C1=2, C2=3, C3=4),
+        "kernel[grid], 10 tensors + 10 ints": lambda: _nop_kernel[grid](*mixed, C0=1, C1=2, C2=3, C3=4),
+        "compiled[grid](...)": lambda: compiled[grid](*values),
+        "compiled.run(...) direct": lambda: run(1, 1, 1, stream, function, packed, None, None, None, *values),
+    }
+    print("host cost of one launch:")
+    for label, fn in ways.items():
+        for _ in range(10):
+            fn()
+        print(f"  {label:36s} from idle {_issue_us(fn):7.1f} us   back to back {_back_to_back_us(fn):7.1f} us")
 
 
 def _wall_us(fn, calls=50):
@@ -118,13 +156,7 @@ def main():
     ap.add_argument("--shapes", default="gqa4-short,mha-short")
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
-    x = torch.zeros(16, device="cuda")
-    nop = [lambda: _nop_kernel[(1,)](*([x] * 20), C0=1, C1=2, C2=3, C3=4),
-           lambda: _nop_kernel[(1,)](*([x] * 10 + [1] * 10), C0=1, C1=2, C2=3, C3=4)]
-    for f in nop:
-        f()
-    print(f"trivial Triton launch, 20 tensor args: {_issue_us(nop[0]):.1f} us; 10 tensors + 10 ints: "
-          f"{_issue_us(nop[1]):.1f} us; torch.empty: {_issue_us(lambda: torch.empty(64, device='cuda')):.1f} us")
+    launch_floor()
     for name in args.shapes.split(","):
         profile_shape(name, args.top)
 
