@@ -1,5 +1,6 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Package-wide helpers: buffer allocation (NaN-poisoned under test), interpreter detection and its bf16 fix."""
+"""Package-wide helpers: buffer allocation (NaN-poisoned under test), host integer arithmetic, interpreter detection
+and its bf16 fix."""
 
 import functools
 import os
@@ -19,6 +20,17 @@ def set_poison(enabled: bool) -> None:
 
 def poison_enabled() -> bool:
     return _POISON
+
+
+# Host-side integer helpers. `triton.cdiv` and `triton.next_power_of_2` are constexpr functions (usable inside
+# kernels); called from Python they unwrap their arguments first and cost ~1.5 us each, several per launch.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def empty(*shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

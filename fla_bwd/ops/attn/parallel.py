@@ -36,7 +36,7 @@ from fla_bwd.ops.utils.checks import check_attn_inputs, check_cu_seqlens_values,
 from fla_bwd.ops.utils.cumsum import gate_cumsum, gate_grad
 from fla_bwd.ops.utils.index import chunk_indices, seqlen_offsets
 from fla_bwd.ops.utils.launch import Launcher
-from fla_bwd.utils import empty, install_interpreter_bf16_fix, is_interpreter
+from fla_bwd.utils import cdiv, empty, install_interpreter_bf16_fix, is_interpreter, next_power_of_2
 
 _HEURISTICS = {
     "USE_G": lambda args: args["g_cumsum"] is not None,
@@ -375,17 +375,21 @@ def _config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
 
 
 def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
-    B, T, HQ, K = q.shape
-    H, V = k.shape[2], v.shape[3]
-    return dict(HQ=HQ, H=H, G=HQ // H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)),
-                BV=max(16, triton.next_power_of_2(V)),
-                DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32")
+    """Head counts, head dims and their blocks, dot precision: launch arguments fixed by the inputs' shapes and
+    dtype (read-only: callers spread it into launch arguments)."""
+    return _dims_of(q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _dims_of(HQ: int, H: int, K: int, V: int, dtype: torch.dtype) -> dict:
+    return dict(HQ=HQ, H=H, G=HQ // H, K=K, V=V, BK=max(16, next_power_of_2(K)), BV=max(16, next_power_of_2(V)),
+                DOT_PREC="ieee" if dtype == torch.float32 else "tf32")
 
 
 def _tiles(B: int, T: int, cu_seqlens: Optional[torch.Tensor], BT: int):
     """(number of tiles per head program, chunk_indices or None)."""
     if cu_seqlens is None:
-        return triton.cdiv(T, BT), None
+        return cdiv(T, BT), None
     indices = chunk_indices(cu_seqlens, BT)
     return indices.shape[0], indices
 
@@ -540,11 +544,11 @@ def _gqa_load_balanced(lengths: tuple, H: int, G: int, D: int, W: int, sms: int)
     """
     cfg = _config("dkv", D)
     ratio = cfg["BT"] // cfg["BS"]
-    span = triton.cdiv(cfg["BT"] + W - 1, cfg["BS"])  # query blocks one key tile can see
+    span = cdiv(cfg["BT"] + W - 1, cfg["BS"])  # query blocks one key tile can see
     total = critical = 0
     for length in lengths:
-        blocks = triton.cdiv(length, cfg["BS"])
-        seen = [min(blocks - i * ratio, span) for i in range(triton.cdiv(length, cfg["BT"]))]
+        blocks = cdiv(length, cfg["BS"])
+        seen = [min(blocks - i * ratio, span) for i in range(cdiv(length, cfg["BT"]))]
         total += H * G * sum(seen)
         critical = max(critical, G * (seen[0] if seen else 0))
     return critical <= 64 or critical <= 1.25 * total / (2 * sms)
@@ -610,6 +614,12 @@ def _parallel_attn_bwd_impl(
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg or empty, dsink or empty); dg and dsink in g's and sink_bias's dtypes."""
+    grads = _parallel_attn_bwd_eager(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size)
+    return tuple(x if x is not None else _empty_f32(q.device) for x in grads)
+
+
+def _parallel_attn_bwd_eager(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size):
+    """As `_parallel_attn_bwd_impl`, with None for an absent dg or dsink (no placeholder allocations)."""
     with _on_device(q.device):
         return _parallel_attn_bwd_launch(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale,
                                          window_size)
@@ -627,8 +637,8 @@ def _parallel_attn_bwd_launch(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_se
     dq, delta = attn_bwd_dq(q, k, v, o, do, lse, gc, dG, scale, W, cu_seqlens, delta_mode)
     dk, dv, dGk, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, gc, sink, scale, W, cu_seqlens,
                                      select_dkv_kernel(q, k, v, W, cu_seqlens))
-    dg = gate_grad(dG, dGk, B, T, cu_seqlens, g.dtype) if g is not None else _empty_f32(q.device)
-    dsink = dsink.to(sink_bias.dtype) if sink_bias is not None else _empty_f32(q.device)
+    dg = gate_grad(dG, dGk, B, T, cu_seqlens, g.dtype) if g is not None else None
+    dsink = dsink.to(sink_bias.dtype) if sink_bias is not None else None
     return dq, dk, dv, dg, dsink
 
 
@@ -692,7 +702,7 @@ class _EagerParallelAttn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse, dgc):
         with torch.no_grad():
-            grads = _fwd_backward(ctx, do, dlse, dgc, bwd=_parallel_attn_bwd_impl)
+            grads = _fwd_backward(ctx, do, dlse, dgc, bwd=_parallel_attn_bwd_eager)
         if not torch.is_grad_enabled():
             return grads
         # create_graph=True: hand back gradients that refuse a second differentiation with a clear error (as the

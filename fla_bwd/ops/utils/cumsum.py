@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from fla_bwd.ops.utils.launch import Launcher
-from fla_bwd.utils import empty
+from fla_bwd.utils import cdiv, empty, next_power_of_2
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
@@ -54,10 +54,10 @@ _launch_segment_cumsum = Launcher(segment_cumsum_kernel)
 
 
 def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse, scale=1.0, x2=None):
-    BH = min(16, triton.next_power_of_2(NH))
+    BH = min(16, next_power_of_2(NH))
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     _launch_segment_cumsum(
-        (N, triton.cdiv(NH, BH)), x=x, x2=x2, y=y, cu_seqlens=cu_seqlens, T=T,
+        (N, cdiv(NH, BH)), x=x, x2=x2, y=y, cu_seqlens=cu_seqlens, T=T,
         stride_x_t=x_strides[0], stride_x_h=x_strides[1], stride_y_t=y_strides[0], stride_y_h=y_strides[1],
         NH=NH, BT=64, BH=BH, REVERSE=reverse, SCALE=scale,
     )

@@ -93,3 +93,33 @@ def test_fast_launch_off_always_takes_tritons_path(launcher):
 def test_unsupported_argument_type_is_named(launcher):
     with pytest.raises(TypeError, match="unsupported argument type list"):
         _key(launcher, n=[1])
+
+
+class _CompiledWithLauncher(_Compiled):
+    """A stand-in that also has what Triton's CompiledKernel exposes for a direct launch."""
+
+    def __init__(self):
+        super().__init__()
+        self.direct = []
+        self.function, self.packed_metadata = "fn-handle", "packed"
+
+    @property
+    def run(self):
+        return lambda *args: self.direct.append(args)
+
+
+def test_direct_launch_skips_the_runner_unless_a_hook_is_installed(launcher, monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    launcher.kernel.compiled = compiled = _CompiledWithLauncher()
+    x, y = torch.zeros(8), torch.zeros(8)
+    launcher((3,), x=x, y=y, n=100, scale=0.5, C=4)  # Triton's path: compiles, caches
+    launcher((5, 2), x=x, y=y, n=300, scale=0.25, C=4)
+    assert compiled.direct == [(5, 2, 1, 1234, "fn-handle", "packed", None, None, None, x, y, 300, 0.25, 4)]
+    assert not compiled.calls
+    hook = lambda *a, **k: None  # noqa: E731
+    launch.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launcher((7,), x=x, y=y, n=300, scale=0.25, C=4)
+    finally:
+        launch.knobs.runtime.launch_enter_hook.remove(hook)
+    assert compiled.calls == [((7, 1, 1), (x, y, 300, 0.25, 4))] and len(compiled.direct) == 1
