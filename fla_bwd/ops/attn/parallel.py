@@ -143,8 +143,12 @@ def parallel_attn_bwd_kernel_dq(
         b_delta = tl.sum(tl.load(o + p_o, mask=m_o, other=0).to(tl.float32) * b_do.to(tl.float32), 1)
         if not REFINE_DELTA:
             tl.store(delta + row_base + o_t, b_delta, mask=m_t)
-    else:
+    elif COMPUTE_DQ:
         b_delta = tl.load(delta + row_base + o_t, mask=m_t, other=0)
+    else:
+        # The first pass of the "exact" delta (sinks, see `attn_bwd_dq`) computes delta; nothing has written it yet,
+        # and that pass does not use it.
+        b_delta = tl.zeros([BT], dtype=tl.float32)
     b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
