@@ -701,10 +701,14 @@ class _EagerParallelAttn(torch.autograd.Function):
         output = _parallel_attn_fwd_impl(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
         _fwd_setup_context(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size), output)
         ctx.mark_non_differentiable(output[1], output[2])
+        # lse and G are internal outputs: without this, autograd hands the backward a zero-filled lse-shaped dlse
+        # (an allocation and a fill kernel, one more launch of host time per backward) that it never reads.
+        ctx.set_materialize_grads(False)
         return output
 
     @staticmethod
     def backward(ctx, do, dlse, dgc):
+        # do is never None: o is the only differentiable output, so autograd calls this only with a gradient for it.
         with torch.no_grad():
             grads = _fwd_backward(ctx, do, dlse, dgc, bwd=_parallel_attn_bwd_eager)
         if not torch.is_grad_enabled():
