@@ -119,7 +119,7 @@ class Launcher:
             compiled, direct = hit
             if direct is not None and _hooks_empty():
                 # What the runner below does, less the launch-metadata dict it builds for hooks on every call:
-                # 10.7 us instead of 15.6 us of host time per launch on the H200 machine (PERF.md #19).
+                # 10.7 us instead of 15.6 us of host time per launch on the H200 machine (PERF.md #20).
                 run, function, packed = direct
                 run(*grid3, torch._C._cuda_getCurrentRawStream(key[0]), function, packed, None, None, None,
                     *values)
