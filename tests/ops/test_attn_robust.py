@@ -430,6 +430,26 @@ def test_double_backward_raises(gate):
         dq.pow(2).sum().backward()
 
 
+@pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
+def test_backward_gets_no_zero_filled_internal_gradients(gate, monkeypatch):
+    """lse and the gate's cumsum are internal outputs: autograd must hand the eager backward None for them, not a
+    zero-filled lse-shaped tensor (an allocation and a fill kernel per backward, seen in the Nsight profile of
+    PERF.md #21), and the gradients stay right."""
+    import fla_bwd.ops.attn.parallel as P
+    seen = []
+    real = P._fwd_backward
+
+    def spy(ctx, do, dlse, dgc, bwd):
+        seen.append((do is not None, dlse, dgc))
+        return real(ctx, do, dlse, dgc, bwd=bwd)
+
+    monkeypatch.setattr(P, "_fwd_backward", spy)
+    case = Case(B=1, T=20, HQ=2, H=1, K=32, dtype=f32, gate=gate)
+    x = make_inputs(case)
+    compare(run_reference(case, x), run_parallel(case, x))
+    assert seen == [(True, None, None)]
+
+
 @needs_gpu
 def test_cpu_qkv_with_cuda_gate_or_sink():
     """q, k, v on the CPU while g or sink_bias is on CUDA: ValueError naming both devices."""
