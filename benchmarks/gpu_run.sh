@@ -55,9 +55,6 @@ PART_ARGS=()
 if [ "$GATE" = defer ]; then PART_ARGS+=(--defer-gate --gate-stamp "$GATE_STAMP")
 else PART_ARGS+=(--gate-stamp "$GATE_STAMP"); fi
 PY=${PYTHON:-python3}
-# A part 1 about to run the gate removes an earlier stamp first: a later part started beside it (one part per GPU)
-# must read "deferred" while this gate runs, never the stale result of an earlier run of the same code.
-if [ "$GATE" = run ]; then rm -f "$GATE_STAMP"; fi
 since() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[gpu_run +$(since)s] $*"; }
 

@@ -186,6 +186,8 @@ def main(argv=None) -> int:
     elif args.defer_gate:
         gate = runinfo.deferred_gate(gate_files, args.gate_stamp, from_part=1)
     else:
+        if args.gate_stamp:
+            runinfo.clear_gate_stamp(args.gate_stamp)
         gate = runinfo.run_gate(gate_files, args.gate_timeout)
         gate["ran_in_part"] = part_index
         if args.gate_stamp:

@@ -158,6 +158,17 @@ def source_fingerprint(root: str = REPO) -> str:
     return h.hexdigest()[:16]
 
 
+def clear_gate_stamp(path: str) -> None:
+    """Part 1 removes an earlier stamp before its gate runs: a later part started beside it (one part per GPU)
+    must read "deferred" while this gate runs, never the result of an earlier run of the same code."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        print(f"note: could not remove the gate stamp {path}: {e}", flush=True)
+
+
 def write_gate_stamp(path: str, gate: dict, part: int) -> None:
     """Part 1 leaves its gate result where a later part on the same machine finds it."""
     rec = {"gate": gate, "part": part, "source_fingerprint": source_fingerprint(), "git_commit": git_commit(),

@@ -181,7 +181,12 @@ def test_part_cli_errors(args, needle):
 
 
 def test_split_smoke_run_gate_in_part_one_only(tmp_path):
-    (tmp_path / "test_green.py").write_text("def test_green():\n    assert True\n")
+    # The gate passes only if part 1 removed the stale stamp of an earlier run before running it (a part started
+    # beside it must not inherit that stale result while this gate runs).
+    stamp = tmp_path / "stamp.json"
+    (tmp_path / "test_green.py").write_text(
+        f"import os\n\n\ndef test_green():\n    assert not os.path.exists({str(stamp)!r})\n")
+    stamp.write_text(json.dumps({"gate": {"status": "red"}, "part": 1}))
     env = {"TRITON_INTERPRET": "1", "BENCH_COMMIT": COMMIT}
     common = ["--smoke", "--shapes", "smoke,smoke-varlen-gated", "--modes", "fwd", "--repeats", "1",
               "--gate-file", str(tmp_path / "test_green.py"), "--gate-stamp", str(tmp_path / "stamp.json")]
