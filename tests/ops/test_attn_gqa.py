@@ -100,6 +100,24 @@ def test_gqa_path_matches_oracle(case, spy, auto_env):
     assert spy.paths == ["gqa"]
 
 
+# Split paths: cases with G >= 2 / >= 4 (dense, gated, sliding-window, packed), each group's heads dealt to 2 or 4
+# programs whose fp32 partials the host sums.
+_SPLIT_CASES = ([CPU_CASES[i] for i in (0, 3, 4, 6, 13)]
+                + [c for c in CPU_CASES if c.window and c.HQ // c.H >= 4][:2])
+
+
+@pytest.mark.parametrize("path", ["gqa-split2", "gqa-split4"])
+@pytest.mark.parametrize("case", params(_SPLIT_CASES))
+def test_gqa_split_path_matches_oracle(case, path, spy, auto_env):
+    if (case.HQ // case.H) % int(path[-1]):
+        with dkv_path(path), pytest.raises(ValueError, match=f"{path}.*multiple of {path[-1]}.*HQ // H = 2"):
+            check_against_oracle(case)
+        return
+    with dkv_path(path):
+        check_against_oracle(case)
+    assert spy.paths == [path]
+
+
 @pytest.mark.parametrize("case", params([CASES[1], CASES[6], CASES[13]]))
 def test_gqa_path_through_auto_dispatch(case, spy, auto_env):
     check_against_oracle(case)

@@ -293,19 +293,25 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr,
+    CONTAIN: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
     loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
-    dtype: no HQ-shaped scratch, no reduction kernel, no atomics (so it is deterministic)."""
+    dtype: no HQ-shaped scratch, no reduction kernel, no atomics (so it is deterministic).
+
+    With SPLIT > 1 the group's heads are dealt to SPLIT programs of G / SPLIT heads each, which store fp32 partials
+    into `[B, T, H * SPLIT, *]` for the host to sum: SPLIT times the programs, for calls too short to keep the GPU
+    busy with one program per KV head (see `_dkv_split`)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
+    tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_h, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, H, BT, IS_VARLEN)
-    _dkv_tile(q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale, i_h,
-              i_h * G, i_h, i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK, HQ, H, H, G, K, V, BT, BS, BK, BV, USE_G,
-              USE_SINK, DOT_PREC, CONTAIN)
+    i_part, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, H * SPLIT, BT,
+                                                               IS_VARLEN)
+    _dkv_tile(q, k, v, do, dk, dv, dGk, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale,
+              i_part // SPLIT, i_part * (G // SPLIT), i_part, i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK, HQ, H,
+              H * SPLIT, G // SPLIT, K, V, BT, BS, BK, BV, USE_G, USE_SINK, DOT_PREC, CONTAIN)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -446,18 +452,21 @@ def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dG, scale: float, W: int, cu_seql
 def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens, path: str):
     """dk, dv in the inputs' dtypes; dGk `[HQ, B * T]` fp32, minus the key side of the gradient w.r.t. the gate's
     cumsum (None without a gate; the dQ kernel stored the query side, `gate_grad` adds the two); dsink `[HQ]` fp32
-    (None without a sink). `path` is "gqa" (KV-head-owned kernel) or "legacy" (query-head-owned kernel + group
-    sum)."""
+    (None without a sink). `path` is one of `DKV_PATHS` but "auto": "gqa" (KV-head-owned kernel), "gqa-split2" /
+    "gqa-split4" (the same kernel, each group's heads dealt to 2 / 4 programs, then their sum) or "legacy"
+    (query-head-owned kernel + group sum)."""
     B, T, HQ, K = q.shape
     dims = _dims(q, k, v)
     H, G, V = dims["H"], dims["G"], dims["V"]
     cfg = _config("dkv", max(K, V), q.dtype)
-    if path == "gqa":
-        kernel, heads, NH, acc_dtype = _launch_dkv_per_kv_head, B * H, H, q.dtype
-    else:
+    if path == "legacy":
         # The legacy kernel writes one dK/dV per query head; with G > 1 they are summed in fp32 below.
-        kernel, heads, NH = _launch_dkv_per_query_head, B * HQ, HQ
-        acc_dtype = q.dtype if G == 1 else torch.float32
+        kernel, NH, extra = _launch_dkv_per_query_head, HQ, {}
+    else:
+        split = _dkv_split(path, G)
+        kernel, NH, extra = _launch_dkv_per_kv_head, H * split, {"SPLIT": split}
+    heads = B * NH
+    acc_dtype = q.dtype if NH == H else torch.float32
     dk = empty(B, T, NH, K, dtype=acc_dtype, device=q.device)
     dv = empty(B, T, NH, V, dtype=acc_dtype, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
@@ -467,11 +476,11 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: 
         _launch_contained(
             kernel, NT * heads, q=q, k=k, v=v, do=do, dk=dk, dv=dv, dGk=dGk, dsink_partial=partial,
             lse=lse, delta=delta, g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices,
-            scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg,
+            scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg, **extra,
         )
     if NH != H:
-        dk = dk.view(B, T, H, G, K).sum(3).to(q.dtype)
-        dv = dv.view(B, T, H, G, V).sum(3).to(q.dtype)
+        dk = dk.view(B, T, H, NH // H, K).sum(3).to(q.dtype)
+        dv = dv.view(B, T, H, NH // H, V).sum(3).to(q.dtype)
     dsink = partial.sum(1) if partial is not None else None
     return dk, dv, dGk, dsink
 
@@ -480,7 +489,16 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: 
 # dK/dV dispatch
 # ----------------------------------------------------------------------------------------------------------------
 
-DKV_PATHS = ("auto", "gqa", "legacy")
+DKV_PATHS = ("auto", "gqa", "gqa-split2", "gqa-split4", "legacy")
+
+
+def _dkv_split(path: str, G: int) -> int:
+    """How many programs share a group's query heads on a "gqa*" path; it must divide G."""
+    split = {"gqa": 1, "gqa-split2": 2, "gqa-split4": 4}[path]
+    if G % split:
+        raise ValueError(f"dK/dV path {path!r} deals each group's query heads to {split} programs, so it needs "
+                         f"HQ // H to be a multiple of {split}; got HQ // H = {G}")
+    return split
 _forced_dkv_path: Optional[str] = None
 
 
