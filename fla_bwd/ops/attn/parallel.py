@@ -504,7 +504,7 @@ _forced_dkv_path: Optional[str] = None
 
 @contextlib.contextmanager
 def dkv_path(name: str):
-    """Force the dK/dV kernel inside a `with` block: "gqa", "legacy" or "auto" (the dispatch). Overrides the
+    """Force the dK/dV kernel inside a `with` block: one of `DKV_PATHS` ("auto" is the dispatch). Overrides the
     environment variable FLA_BWD_DKV_PATH, which sets the same for a whole process. Read at backward time."""
     global _forced_dkv_path
     if name not in DKV_PATHS:
@@ -518,12 +518,15 @@ def dkv_path(name: str):
 
 def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: Optional[int] = None,
                       cu_seqlens: Optional[torch.Tensor] = None) -> str:
-    """The dK/dV kernel for one call: "gqa" (KV-head-owned) or "legacy" (query-head-owned, then a group sum).
+    """The dK/dV kernel for one call, one of `DKV_PATHS` but "auto": "gqa" (KV-head-owned), "gqa-split2" /
+    "gqa-split4" (the same kernel with each group's heads dealt to 2 / 4 programs, then a sum of the partials) or
+    "legacy" (query-head-owned, then a group sum).
 
-    "gqa" is taken for fp16/bf16 GQA with K == V in {64, 128} and G in {2, 4, 8}, unless on a GPU the call is
-    load-imbalanced for it (see `_gqa_load_balanced`). Everything else keeps "legacy": MHA has nothing to reduce,
-    and fp32, K != V, other head dims and G > 8 have not been measured to win. `dkv_path(...)` or the environment
-    variable FLA_BWD_DKV_PATH force either kernel; both are correct for every input. PERF.md has the figures.
+    The "gqa" family is taken for fp16/bf16 GQA with K == V in {64, 128} and G in {2, 4, 8}: plain "gqa" unless on
+    a GPU the call is load-imbalanced for it, then the smallest split that balances it (see `_gqa_split`), and
+    "legacy" if none does. Everything else keeps "legacy": MHA has nothing to reduce, and fp32, K != V, other head
+    dims and G > 8 have not been measured to win. `dkv_path(...)` or the environment variable FLA_BWD_DKV_PATH
+    force any path; all are correct for every input they accept (a split must divide G). PERF.md has the figures.
     """
     forced = _forced_dkv_path or os.environ.get("FLA_BWD_DKV_PATH", "auto")
     if forced not in DKV_PATHS:
@@ -539,7 +542,8 @@ def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_
         return "gqa"
     lengths = (T,) * B if cu_seqlens is None else _lengths(cu_seqlens)
     W = T if window_size is None else window_size
-    return "gqa" if _gqa_load_balanced(lengths, H, G, K, W, _sm_count(q.device.index)) else "legacy"
+    split = _gqa_split(lengths, H, G, K, W, _sm_count(q.device.index))
+    return "legacy" if split is None else "gqa" if split == 1 else f"gqa-split{split}"
 
 
 @functools.cache
@@ -554,26 +558,33 @@ def _lengths(cu_seqlens: torch.Tensor) -> tuple:
 
 
 @functools.lru_cache(maxsize=256)
-def _gqa_load_balanced(lengths: tuple, H: int, G: int, D: int, W: int, sms: int) -> bool:
-    """Whether the KV-head-owned kernel keeps the GPU busy. Its longest program (the first key tile of the longest
-    sequence) runs G times the query blocks of a legacy program; when that critical path is much longer than the
-    average work per resident program, the legacy kernel's G-times-more programs win despite the group sum.
+def _gqa_split(lengths: tuple, H: int, G: int, D: int, W: int, sms: int) -> Optional[int]:
+    """The fewest programs (1, 2 or 4, below G) that can share a group's heads and keep the GPU busy, or None.
+    A program's longest run is the first key tile of the longest sequence: G / split times the query blocks that
+    tile sees. When that critical path is much longer than the average work per resident program, programs of
+    short tiles finish and leave SMs idle while it runs; splitting the heads shortens it at the price of fp32
+    partials and their sum (a split of 2 at G8 T4096: 32 us, against the legacy group sum's 58).
 
     Counted in query-block iterations, with two resident programs per SM (255 registers x 128 threads each).
-    Measured on the H200 (PERF.md): G8 B1 T4096 H4 (critical path 2.0x the average) ran 1313 us vs legacy 992 us;
-    G8 T8192 (1.02x) 3778 vs 3804; GQA B2 T2048 H8 (1.0x) 575 vs 661; G4 B4 T512 (1.8x, but 32 iterations:
-    the group sum dominates) 333 vs 387.
+    Measured on the H200 (PERF.md #23, kernel time of a backward, us): G8 B1 T4096 H4 (critical path 2.0x the
+    average) gqa 1286, split2 953, legacy 983; G8 B2 T2048 D128 gqa 724, split2 561, legacy 617; G8 T8192 (1.02x)
+    gqa 3596, legacy 3708; GQA B2 T2048 H8 (1.0x) gqa 550, split2 598, legacy 636; G4 B4 T512 (1.8x, but 32
+    iterations: the sum costs more than the imbalance) gqa 220, split2 231, legacy 231.
     """
     cfg = _config("dkv", D)
     ratio = cfg["BT"] // cfg["BS"]
     span = cdiv(cfg["BT"] + W - 1, cfg["BS"])  # query blocks one key tile can see
-    total = critical = 0
+    total = longest = 0
     for length in lengths:
         blocks = cdiv(length, cfg["BS"])
         seen = [min(blocks - i * ratio, span) for i in range(cdiv(length, cfg["BT"]))]
         total += H * G * sum(seen)
-        critical = max(critical, G * (seen[0] if seen else 0))
-    return critical <= 64 or critical <= 1.25 * total / (2 * sms)
+        longest = max(longest, seen[0] if seen else 0)
+    for split in (1, 2, 4):
+        critical = G // split * longest
+        if split < G and (critical <= 64 or critical <= 1.25 * total / (2 * sms)):
+            return split
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------------------
