@@ -54,8 +54,9 @@ def install_interpreter_bf16_fix() -> bool:
     - its fp32 -> bf16 cast truncates the mantissa, where the GPU rounds to nearest even; truncation biases every
       rounded P and every stored output (o's error ratio against the fp32 oracle doubled, 1.9e-3 -> 3.9e-3).
       We round to nearest even, as `torch.Tensor.to(torch.bfloat16)` does.
-    Only the interpreter's builder is patched, only for bf16; compiled GPU kernels never run this code. The
-    launchers call this when `TRITON_INTERPRET=1`; `tests/test_utils.py` shows each fix is needed.
+    Only the interpreter's builder is patched, only for bf16; compiled GPU kernels never run this code. Every
+    launch through `fla_bwd.ops.utils.launch.Launcher` calls this when `TRITON_INTERPRET=1`; `tests/test_utils.py`
+    shows each fix is needed.
     """
     try:
         import numpy as np

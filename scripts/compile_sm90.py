@@ -113,7 +113,8 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
          dict(base, o=t(), do=t(), dq=t(), dG=gate, delta=t(f32), DELTA_FROM_O=True, REFINE_DELTA=gated or sink,
               COMPUTE_DQ=True), "dq"),
         ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
-        ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t()), "dkv"),
+        # SPLIT = 1; the split paths run the same loop over fewer heads, with the same tiles and shared memory.
+        ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t(), SPLIT=1), "dkv"),
     ]
     return [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
             for name, kernel, launch, key in plain for mode in (0, 1, 2)]

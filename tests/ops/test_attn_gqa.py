@@ -104,6 +104,11 @@ def test_gqa_path_matches_oracle(case, spy, auto_env):
 # programs whose fp32 partials the host sums.
 _SPLIT_CASES = ([CPU_CASES[i] for i in (0, 3, 4, 6, 13)]
                 + [c for c in CPU_CASES if c.window and c.HQ // c.H >= 4][:2])
+if DEVICE == "cuda":  # shapes the dispatch sends to a split on the H200 (test_dispatch_load_balance_rule_on_gpu)
+    _SPLIT_CASES += [Case(B=1, T=4096, HQ=32, H=4, K=128, dtype=bf16),
+                     Case(B=2, T=2048, HQ=32, H=4, K=64, dtype=f16, gate=True),
+                     Case(T=4096, HQ=32, H=4, K=128, dtype=bf16, gate=True, sink=float("nan"),
+                          cu_seqlens=(0, 1000, 1001, 2500, 4096))]
 
 
 @pytest.mark.parametrize("path", ["gqa-split2", "gqa-split4"])

@@ -34,9 +34,10 @@ from fla_bwd.ops.attn.inner import (
 )
 from fla_bwd.ops.utils.checks import check_attn_inputs, check_cu_seqlens_values, resolve_scale
 from fla_bwd.ops.utils.cumsum import gate_cumsum, gate_grad
+from fla_bwd.ops.utils.group_sum import group_sum
 from fla_bwd.ops.utils.index import chunk_indices, seqlen_offsets
 from fla_bwd.ops.utils.launch import Launcher
-from fla_bwd.utils import cdiv, empty, install_interpreter_bf16_fix, is_interpreter, next_power_of_2
+from fla_bwd.utils import cdiv, empty, is_interpreter, next_power_of_2
 
 _HEURISTICS = {
     "USE_G": lambda args: args["g_cumsum"] is not None,
@@ -479,8 +480,7 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: 
             scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg, **extra,
         )
     if NH != H:
-        dk = dk.view(B, T, H, NH // H, K).sum(3).to(q.dtype)
-        dv = dv.view(B, T, H, NH // H, V).sum(3).to(q.dtype)
+        dk, dv = group_sum(dk, dv, H, q.dtype)
     dsink = partial.sum(1) if partial is not None else None
     return dk, dv, dGk, dsink
 
@@ -613,8 +613,6 @@ def _parallel_attn_fwd_impl(
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, G * log2 e or empty). `window_size` 0 means full causal."""
-    if is_interpreter():
-        install_interpreter_bf16_fix()
     with _on_device(q.device):
         return _parallel_attn_fwd_launch(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
 

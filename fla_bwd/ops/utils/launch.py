@@ -26,7 +26,7 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from fla_bwd.utils import is_interpreter
+from fla_bwd.utils import install_interpreter_bf16_fix, is_interpreter
 
 _INT32 = (-2 ** 31, 2 ** 31)
 _FAST = os.environ.get("FLA_BWD_FAST_LAUNCH", "1") != "0"
@@ -105,6 +105,8 @@ class Launcher:
 
     def __call__(self, grid: tuple, **kwargs) -> None:
         if not _FAST or is_interpreter():
+            if is_interpreter():
+                install_interpreter_bf16_fix()  # cached: a dict lookup after the first call
             self.kernel[grid](**kwargs)
             return
         if not self.names:
