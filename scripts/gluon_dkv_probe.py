@@ -135,7 +135,10 @@ def gluon_dkv_kernel(q, k, v, do, lse, delta, dk, dv, T, qk_scale, scale, HQ: gl
 
 
 @triton.jit
-def triton_dkv_kernel(q, k, v, do, lse, delta, dk, dv, T, qk_scale, scale, HQ: tl.constexpr):
+def triton_dkv_kernel(q, k, v, do, lse, delta, dk, dv, T, qk_scale, scale, HQ: tl.constexpr, dq=None,
+                      ATOMIC_DQ: tl.constexpr = False):
+    """ATOMIC_DQ: also dQ (fp32, unscaled by nothing: times `scale`) by atomic adds of each block's dS K, the fifth
+    product, as a non-deterministic fused backward would."""
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     stride = HQ * 128
     o_s = i_s * 64 + tl.arange(0, 64)
@@ -159,6 +162,10 @@ def triton_dkv_kernel(q, k, v, do, lse, delta, dk, dv, T, qk_scale, scale, HQ: t
         b_dpt = tl.dot(b_v, tl.trans(b_do))
         b_dst = b_pt * (b_dpt - b_delta[None, :])
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q)
+        if ATOMIC_DQ:
+            # [BS, D]
+            b_dq = tl.dot(tl.trans(b_dst.to(b_k.dtype)), b_k) * scale
+            tl.atomic_add(dq + o_t.to(tl.int64)[:, None] * stride + i_h * 128 + o_d[None, :], b_dq, sem="relaxed")
     tl.store(dk + p_kv, (b_dk * scale).to(dk.dtype.element_ty))
     tl.store(dv + p_kv, b_dv.to(dv.dtype.element_ty))
 
@@ -178,8 +185,7 @@ def reference(q, k, v, do, scale):
     qf, kf, vf = (x.float().requires_grad_() for x in (q, k, v))
     s = torch.einsum("thd,shd->hts", qf, kf) * scale
     o = torch.einsum("hts,shd->thd", torch.softmax(s, -1), vf)
-    dk, dv = torch.autograd.grad(o, (kf, vf), do.float())
-    return dk, dv
+    return torch.autograd.grad(o, (qf, kf, vf), do.float())
 
 
 def run(variant, q, k, v, do, lse, delta, scale):
@@ -187,32 +193,35 @@ def run(variant, q, k, v, do, lse, delta, scale):
     dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
     args = dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, dk=dk, dv=dv, T=T, qk_scale=scale * LOG2E,
                 scale=scale, HQ=HQ)
-    if variant == "triton":
-        triton_dkv_kernel[(T // 64, HQ)](**args, num_warps=4, num_stages=2)
+    if variant.startswith("triton"):
+        dq = torch.zeros(T, HQ, D, device=q.device, dtype=torch.float32) if variant == "triton-atomic-dq" else None
+        triton_dkv_kernel[(T // 64, HQ)](**args, dq=dq, ATOMIC_DQ=dq is not None, num_warps=4, num_stages=2)
+        return (dk, dv) if dq is None else (dk, dv, dq)
     else:
         gluon_dkv_kernel[(T // 64, HQ)](**args, OVERLAP=VARIANTS.index(variant) - 1, num_warps=4)
     return dk, dv
 
 
-VARIANTS = ("triton", "gluon-serial", "gluon-pair", "gluon-overlap")  # OVERLAP = index - 1
+VARIANTS = ("triton", "gluon-serial", "gluon-pair", "gluon-overlap", "triton-atomic-dq")  # gluon: OVERLAP = index - 1
 
 
 def on_gpu():
     q, k, v, do, lse, delta, scale = inputs(512, 4)
-    rdk, rdv = reference(q, k, v, do, scale)
+    refs = reference(q, k, v, do, scale)
     for variant in VARIANTS:
-        dk, dv = run(variant, q, k, v, do, lse, delta, scale)
-        err = [((r - x.float()).pow(2).mean().sqrt() / r.pow(2).mean().sqrt()).item()
-               for r, x in ((rdk, dk), (rdv, dv))]
-        print(f"check {variant:14s} dk {err[0]:.2e} dv {err[1]:.2e}" + ("  FAIL" if not max(err) < 0.01 else ""),
-              flush=True)
+        out = run(variant, q, k, v, do, lse, delta, scale)
+        pairs = list(zip(("dk", "dv", "dq"), refs[1:] + refs[:1], out))
+        err = {n: ((r - x.float()).pow(2).mean().sqrt() / r.pow(2).mean().sqrt()).item() for n, r, x in pairs}
+        print(f"check {variant:16s} " + " ".join(f"{n} {e:.2e}" for n, e in err.items())
+              + ("  FAIL" if not max(err.values()) < 0.01 else ""), flush=True)
     T, HQ = 4096, 32
     q, k, v, do, lse, delta, scale = inputs(T, HQ)
     flops = 4 * 2 * T * T * HQ * D  # four products per (key, query) pair and head
     for _ in range(2):
-        for variant in VARIANTS:
+        for variant in ("triton", "triton-atomic-dq", "gluon-serial"):
             us = 1e3 * triton.testing.do_bench(lambda v_=variant: run(v_, q, k, v, do, lse, delta, scale), rep=200)
-            print(f"time  {variant:14s} T{T} HQ{HQ}: {us:8.1f} us  {flops / us / 1e6:6.1f} TFLOP/s", flush=True)
+            f = flops * (5 if variant == "triton-atomic-dq" else 4) // 4
+            print(f"time  {variant:16s} T{T} HQ{HQ}: {us:8.1f} us  {f / us / 1e6:6.1f} TFLOP/s", flush=True)
 
 
 def compile_only():
@@ -225,7 +234,12 @@ def compile_only():
     sig.update(lse="*fp32", delta="*fp32", T="i32", qk_scale="fp32", scale="fp32", HQ="constexpr")
     target = GPUTarget("cuda", 90, 32)
     aligned = {(i,): [["tt.divisibility", 16]] for i in range(8)}  # what the launcher specialises on a GPU
-    builds = [("triton", ASTSource(triton_dkv_kernel, sig, constexprs={(11,): 32}, attrs=aligned), 2)]
+    plain = dict(sig, dq="constexpr", ATOMIC_DQ="constexpr")
+    atomic = dict(sig, dq="*fp32", ATOMIC_DQ="constexpr")
+    builds = [("triton", ASTSource(triton_dkv_kernel, plain, constexprs={(11,): 32, (12,): None, (13,): False},
+                                   attrs=aligned), 2),
+              ("triton-atomic-dq", ASTSource(triton_dkv_kernel, atomic, constexprs={(11,): 32, (13,): True},
+                                             attrs={**aligned, (12,): [["tt.divisibility", 16]]}), 2)]
     for overlap in (0, 1, 2):
         s = dict(sig, OVERLAP="constexpr")
         builds.append((VARIANTS[overlap + 1],
@@ -236,7 +250,9 @@ def compile_only():
         sass = cuobjdump(c, "-sass")
         waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
         regs, stack = re.search(r"REG:(\d+)", res).group(0), re.search(r"STACK:(\d+)", res).group(0)
-        print(f"{name:14s} {regs} {stack} HGMMA {sass.count('HGMMA')} waits {' '.join(waits)}")
+        reds = sorted(set(re.findall(r"\bRED\S*", sass)))
+        print(f"{name:16s} {regs} {stack} HGMMA {sass.count('HGMMA')} waits {' '.join(waits)} "
+              f"atomics {sass.count('RED.')} {' '.join(reds)}")
         print("\n".join(loop_report(c)))
 
 
