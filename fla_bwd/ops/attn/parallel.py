@@ -302,7 +302,7 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
 
     With SPLIT > 1 the group's heads are dealt to SPLIT programs of G / SPLIT heads each, which store fp32 partials
     into `[B, T, H * SPLIT, *]` for the host to sum: SPLIT times the programs, for calls too short to keep the GPU
-    busy with one program per KV head (see `_dkv_split`)."""
+    busy with one program per KV head (the dispatch rule is `_gqa_split`)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     if CONTAIN == FIXUP:
