@@ -39,7 +39,10 @@ def empty(*shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+@functools.cache
 def is_interpreter() -> bool:
+    # Read once: Triton decides interpreted or compiled when a kernel is decorated (at import), so the answer cannot
+    # change in a process; the launch path asks on every launch, and os.environ.get costs ~0.8 us here.
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
