@@ -343,7 +343,7 @@ def containment(B: int, HQ: int, T: int, W: int, D: int) -> str:
     return "inline" if B * HQ * T * min(T, W) * D < _INLINE_CONTAINMENT_WORK else "two-launch"
 
 
-def _launch_contained(launch: Launcher, programs: int, **kwargs) -> None:
+def _launch_contained(launch: Launcher, programs: int, kwargs: dict) -> None:
     """Launch a kernel over `programs` programs with NaN/Inf containment (a non-finite input reaches only the
     outputs that depend on it), in one of two ways, both exact (see `any_nonfinite`):
     - "two-launch": a FLAG launch computes every tile plainly and stores per program whether its outputs are not
@@ -355,12 +355,15 @@ def _launch_contained(launch: Launcher, programs: int, **kwargs) -> None:
     vs 397 (PERF.md #17, #18). Two-launch costs one more launch per kernel, ~30-50 us of host time on the H200
     machine, which decides the time of host-bound short rows; `containment` picks by the amount of work."""
     B, T, W = kwargs["B"], kwargs["T"], kwargs["W"]
+    # `kwargs` is the caller's fresh dict: completed in place and passed on whole (no copy per launch).
     if containment(B, kwargs["HQ"], T, W, max(kwargs["K"], kwargs["V"])) == "inline":
-        launch((programs,), nonfinite=None, CONTAIN=INLINE.value, **kwargs)
+        kwargs.update(nonfinite=None, CONTAIN=INLINE.value)
+        launch.run((programs,), kwargs)
         return
-    nonfinite = torch.empty(programs, dtype=torch.int8, device=kwargs["q"].device)
+    kwargs["nonfinite"] = torch.empty(programs, dtype=torch.int8, device=kwargs["q"].device)
     for mode in (FLAG, FIXUP):
-        launch((programs,), nonfinite=nonfinite, CONTAIN=mode.value, **kwargs)
+        kwargs["CONTAIN"] = mode.value
+        launch.run((programs,), kwargs)
 
 
 def _config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -414,10 +417,10 @@ def attn_fwd(q, k, v, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens):
     lse = empty(HQ, B * T, dtype=torch.float32, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
     if NT > 0:
-        _launch_contained(
-            _launch_fwd, NT * B * HQ, q=q, k=k, v=v, o=o, lse=lse, g_cumsum=g_cumsum, sink_bias=sink_bias,
-            cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg,
-        )
+        _launch_contained(_launch_fwd, NT * B * HQ, dict(
+            q=q, k=k, v=v, o=o, lse=lse, g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens,
+            chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg,
+        ))
     return o, lse
 
 
@@ -442,11 +445,11 @@ def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dG, scale: float, W: int, cu_seql
     passes = {"rounded": [(True, False, True)], "refine": [(True, True, True)],
               "exact": [(False, True, False), (False, False, True)]}
     for from_o, refine, compute_dq in passes[delta_mode] if NT > 0 else []:
-        _launch_contained(
-            _launch_dq, NT * B * HQ, q=q, k=k, v=v, o=o, do=do, dq=dq, dG=dG, lse=lse, delta=delta,
-            g_cumsum=g_cumsum, cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B,
-            DELTA_FROM_O=from_o, REFINE_DELTA=refine, COMPUTE_DQ=compute_dq, **dims, **cfg,
-        )
+        _launch_contained(_launch_dq, NT * B * HQ, dict(
+            q=q, k=k, v=v, o=o, do=do, dq=dq, dG=dG, lse=lse, delta=delta, g_cumsum=g_cumsum, cu_seqlens=cu_seqlens,
+            chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, DELTA_FROM_O=from_o,
+            REFINE_DELTA=refine, COMPUTE_DQ=compute_dq, **dims, **cfg,
+        ))
     return dq, delta
 
 
@@ -474,11 +477,11 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: 
     partial = empty(HQ, NT * B, dtype=torch.float32, device=q.device) if sink_bias is not None else None
     dGk = empty(*lse.shape, dtype=torch.float32, device=q.device) if g_cumsum is not None else None
     if NT > 0:
-        _launch_contained(
-            kernel, NT * heads, q=q, k=k, v=v, do=do, dk=dk, dv=dv, dGk=dGk, dsink_partial=partial,
-            lse=lse, delta=delta, g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices,
-            scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg, **extra,
-        )
+        _launch_contained(kernel, NT * heads, dict(
+            q=q, k=k, v=v, do=do, dk=dk, dv=dv, dGk=dGk, dsink_partial=partial, lse=lse, delta=delta,
+            g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T,
+            W=W, NTOK=B * T, B=B, **dims, **cfg, **extra,
+        ))
     if NH != H:
         dk, dv = group_sum(dk, dv, H, q.dtype)
     dsink = partial.sum(1) if partial is not None else None

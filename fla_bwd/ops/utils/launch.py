@@ -104,6 +104,11 @@ class Launcher:
         return torch.cuda.current_device(), tuple(runtime), tuple([values[i] for i in self._const_idx]), options
 
     def __call__(self, grid: tuple, **kwargs) -> None:
+        self.run(grid, kwargs)
+
+    def run(self, grid: tuple, kwargs: dict) -> None:
+        """`__call__` with the arguments as one dict, which callers that launch the same arguments twice (or add
+        a few to a prepared set) pass without copying it at every call level."""
         if not _FAST or is_interpreter():
             if is_interpreter():
                 install_interpreter_bf16_fix()  # cached: a dict lookup after the first call
