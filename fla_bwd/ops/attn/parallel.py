@@ -495,9 +495,12 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: 
 DKV_PATHS = ("auto", "gqa", "gqa-split2", "gqa-split4", "legacy")
 
 
+_SPLITS = {"gqa": 1, "gqa-split2": 2, "gqa-split4": 4}
+
+
 def _dkv_split(path: str, G: int) -> int:
     """How many programs share a group's query heads on a "gqa*" path; it must divide G."""
-    split = {"gqa": 1, "gqa-split2": 2, "gqa-split4": 4}[path]
+    split = _SPLITS[path]
     if G % split:
         raise ValueError(f"dK/dV path {path!r} deals each group's query heads to {split} programs, so it needs "
                          f"HQ // H to be a multiple of {split}; got HQ // H = {G}")
