@@ -136,18 +136,19 @@ def gluon_dkv_kernel(q, k, v, do, lse, delta, dk, dv, T, qk_scale, scale, HQ: gl
 
 @triton.jit
 def triton_dkv_kernel(q, k, v, do, lse, delta, dk, dv, T, qk_scale, scale, HQ: tl.constexpr, dq=None,
-                      ATOMIC_DQ: tl.constexpr = False):
-    """ATOMIC_DQ: also dQ (fp32, unscaled by nothing: times `scale`) by atomic adds of each block's dS K, the fifth
-    product, as a non-deterministic fused backward would."""
+                      ATOMIC_DQ: tl.constexpr = 0, BS: tl.constexpr = 64):
+    """ATOMIC_DQ: also dQ (fp32, times `scale`) from each block's dS K, the fifth product, added as a
+    non-deterministic fused backward would: 1 by `tl.atomic_add` of pointers (REDG), 2 by a TMA reduce-add of the
+    whole [64, 128] tile through a host tensor descriptor (cp.reduce.async.bulk, FA3's way). BS: keys a program."""
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     stride = HQ * 128
-    o_s = i_s * 64 + tl.arange(0, 64)
+    o_s = i_s * BS + tl.arange(0, BS)
     o_d = tl.arange(0, 128)
     p_kv = o_s.to(tl.int64)[:, None] * stride + i_h * 128 + o_d[None, :]
     b_k = tl.load(k + p_kv)
     b_v = tl.load(v + p_kv)
-    b_dk = tl.zeros([64, 128], tl.float32)
-    b_dv = tl.zeros([64, 128], tl.float32)
+    b_dk = tl.zeros([BS, 128], tl.float32)
+    b_dv = tl.zeros([BS, 128], tl.float32)
     row = i_h.to(tl.int64) * T
     for i_t in range(0, T, 64):
         o_t = i_t + tl.arange(0, 64)
@@ -162,10 +163,14 @@ def triton_dkv_kernel(q, k, v, do, lse, delta, dk, dv, T, qk_scale, scale, HQ: t
         b_dpt = tl.dot(b_v, tl.trans(b_do))
         b_dst = b_pt * (b_dpt - b_delta[None, :])
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q)
-        if ATOMIC_DQ:
-            # [BS, D]
+        if ATOMIC_DQ > 0:
+            # [64, D]
             b_dq = tl.dot(tl.trans(b_dst.to(b_k.dtype)), b_k) * scale
-            tl.atomic_add(dq + o_t.to(tl.int64)[:, None] * stride + i_h * 128 + o_d[None, :], b_dq, sem="relaxed")
+            if ATOMIC_DQ == 1:
+                tl.atomic_add(dq + o_t.to(tl.int64)[:, None] * stride + i_h * 128 + o_d[None, :], b_dq,
+                              sem="relaxed")
+            else:
+                dq.atomic_add([i_t, i_h * 128], b_dq)
     tl.store(dk + p_kv, (b_dk * scale).to(dk.dtype.element_ty))
     tl.store(dv + p_kv, b_dv.to(dv.dtype.element_ty))
 
@@ -194,15 +199,23 @@ def run(variant, q, k, v, do, lse, delta, scale):
     args = dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, dk=dk, dv=dv, T=T, qk_scale=scale * LOG2E,
                 scale=scale, HQ=HQ)
     if variant.startswith("triton"):
-        dq = torch.zeros(T, HQ, D, device=q.device, dtype=torch.float32) if variant == "triton-atomic-dq" else None
-        triton_dkv_kernel[(T // 64, HQ)](**args, dq=dq, ATOMIC_DQ=dq is not None, num_warps=4, num_stages=2)
+        atomic = 2 if "tma-dq" in variant else 1 if "atomic-dq" in variant else 0
+        bs = 128 if variant.endswith("-bs128") else 64
+        dq = torch.zeros(T, HQ, D, device=q.device, dtype=torch.float32) if atomic else None
+        arg = dq
+        if atomic == 2:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            arg = TensorDescriptor.from_tensor(dq.view(T, HQ * D), block_shape=[64, D])
+        triton_dkv_kernel[(T // bs, HQ)](**args, dq=arg, ATOMIC_DQ=atomic, BS=bs, num_warps=4 if bs == 64 else 8,
+                                         num_stages=2)
         return (dk, dv) if dq is None else (dk, dv, dq)
     else:
         gluon_dkv_kernel[(T // 64, HQ)](**args, OVERLAP=VARIANTS.index(variant) - 1, num_warps=4)
     return dk, dv
 
 
-VARIANTS = ("triton", "gluon-serial", "gluon-pair", "gluon-overlap", "triton-atomic-dq")  # gluon: OVERLAP = index - 1
+VARIANTS = ("triton", "gluon-serial", "gluon-pair", "gluon-overlap", "triton-atomic-dq", "triton-tma-dq",
+            "triton-bs128", "triton-tma-dq-bs128")  # gluon: OVERLAP = index - 1
 
 
 def on_gpu():
@@ -218,9 +231,9 @@ def on_gpu():
     q, k, v, do, lse, delta, scale = inputs(T, HQ)
     flops = 4 * 2 * T * T * HQ * D  # four products per (key, query) pair and head
     for _ in range(2):
-        for variant in ("triton", "triton-atomic-dq", "gluon-serial"):
+        for variant in ("triton", "triton-atomic-dq", "triton-tma-dq", "triton-bs128", "triton-tma-dq-bs128"):
             us = 1e3 * triton.testing.do_bench(lambda v_=variant: run(v_, q, k, v, do, lse, delta, scale), rep=200)
-            f = flops * (5 if variant == "triton-atomic-dq" else 4) // 4
+            f = flops * (5 if "dq" in variant else 4) // 4
             print(f"time  {variant:16s} T{T} HQ{HQ}: {us:8.1f} us  {f / us / 1e6:6.1f} TFLOP/s", flush=True)
 
 
@@ -234,12 +247,15 @@ def compile_only():
     sig.update(lse="*fp32", delta="*fp32", T="i32", qk_scale="fp32", scale="fp32", HQ="constexpr")
     target = GPUTarget("cuda", 90, 32)
     aligned = {(i,): [["tt.divisibility", 16]] for i in range(8)}  # what the launcher specialises on a GPU
-    plain = dict(sig, dq="constexpr", ATOMIC_DQ="constexpr")
-    atomic = dict(sig, dq="*fp32", ATOMIC_DQ="constexpr")
-    builds = [("triton", ASTSource(triton_dkv_kernel, plain, constexprs={(11,): 32, (12,): None, (13,): False},
-                                   attrs=aligned), 2),
-              ("triton-atomic-dq", ASTSource(triton_dkv_kernel, atomic, constexprs={(11,): 32, (13,): True},
-                                             attrs={**aligned, (12,): [["tt.divisibility", 16]]}), 2)]
+    plain = dict(sig, dq="constexpr", ATOMIC_DQ="constexpr", BS="constexpr")
+    atomic = dict(plain, dq="*fp32")
+    tma = dict(plain, dq="tensordesc<fp32[64, 128]>")
+    builds = [("triton", ASTSource(triton_dkv_kernel, plain, constexprs={(11,): 32, (12,): None, (13,): 0,
+                                                                        (14,): 64}, attrs=aligned), 2),
+              ("triton-atomic-dq", ASTSource(triton_dkv_kernel, atomic, constexprs={(11,): 32, (13,): 1, (14,): 64},
+                                             attrs={**aligned, (12,): [["tt.divisibility", 16]]}), 2),
+              ("triton-tma-dq", ASTSource(triton_dkv_kernel, tma, constexprs={(11,): 32, (13,): 2, (14,): 64},
+                                          attrs=aligned), 2)]
     for overlap in (0, 1, 2):
         s = dict(sig, OVERLAP="constexpr")
         builds.append((VARIANTS[overlap + 1],
