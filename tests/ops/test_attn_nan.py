@@ -136,11 +136,13 @@ def test_nan_with_sink(which, containment, monkeypatch):
 
 
 def test_containment_choice(monkeypatch):
-    """Host-bound calls contain inline (one launch), larger ones with a second launch; the override is checked."""
+    """Calls too small for a second launch to pay contain inline (one launch), larger ones with a second launch;
+    the override is checked."""
     from fla_bwd.ops.attn.parallel import containment
 
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
-    assert containment(B=4, HQ=32, T=512, W=512, D=128) == "inline"  # the registry's mha-short row
+    assert containment(B=1, HQ=8, T=512, W=512, D=128) == "inline"  # 2**28
+    assert containment(B=4, HQ=32, T=512, W=512, D=128) == "two-launch"  # the registry's mha-short row
     assert containment(B=2, HQ=32, T=2048, W=2048, D=128) == "two-launch"  # gqa4-long
     assert containment(B=1, HQ=32, T=16384, W=256, D=128) == "two-launch"  # g8-T16384-W256
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")

@@ -326,9 +326,11 @@ _launch_dkv_per_kv_head = Launcher(parallel_attn_bwd_kernel_dkv_per_kv_head)
 
 
 CONTAINMENTS = ("auto", "inline", "two-launch")
-# Calls with less work than this (B * HQ * T * min(T, W) * max(K, V)) are host-bound on the H200 machine: one more
-# launch costs more there than containment compiled into the kernel (PERF.md #18).
-_INLINE_CONTAINMENT_WORK = 2**33
+# Calls with less work than this (B * HQ * T * min(T, W) * max(K, V)) contain inline: the second launch's host time
+# (~8-11 us on the H200 machine, the C launcher alone since `Launcher.run_each`) exceeds what inline costs the GPU.
+# Inline costs ~74 us of kernel time at 2**32 (B4 T512 HQ32 D128 backward: dK/dV 160 -> 91 us, dQ 59 -> 54 us
+# two-launch; PERF.md #31), so, scaled by the work, the two break even near 2**29.
+_INLINE_CONTAINMENT_WORK = 2**29
 
 
 def containment(B: int, HQ: int, T: int, W: int, D: int) -> str:
@@ -352,8 +354,9 @@ def _launch_contained(launch: Launcher, programs: int, kwargs: dict) -> None:
     - "inline": one launch; a program whose outputs are not finite recomputes its tile with containment at once.
     Inline keeps the SAFE copy of the loops in the kernel, which makes the compiler schedule the plain loops worse:
     on the H200, g8-T16384-W256 backward 1526 us inline vs 1015 two-launch (976 without containment), forward 466
-    vs 397 (PERF.md #17, #18). Two-launch costs one more launch per kernel, ~30-50 us of host time on the H200
-    machine, which decides the time of host-bound short rows; `containment` picks by the amount of work."""
+    vs 397 (PERF.md #17, #18); B4 T512 HQ32 D128 dK/dV kernel 160 vs 91 us (#31). Two-launch costs one more
+    launch per kernel, the C launcher alone (`Launcher.run_each` binds and keys the arguments once), ~8-11 us of
+    host time on the H200 machine; `containment` picks by the amount of work."""
     B, T, W = kwargs["B"], kwargs["T"], kwargs["W"]
     # `kwargs` is the caller's fresh dict: completed in place and passed on whole (no copy per launch).
     if containment(B, kwargs["HQ"], T, W, max(kwargs["K"], kwargs["V"])) == "inline":
@@ -361,9 +364,7 @@ def _launch_contained(launch: Launcher, programs: int, kwargs: dict) -> None:
         launch.run((programs,), kwargs)
         return
     kwargs["nonfinite"] = torch.empty(programs, dtype=torch.int8, device=kwargs["q"].device)
-    for mode in (FLAG, FIXUP):
-        kwargs["CONTAIN"] = mode.value
-        launch.run((programs,), kwargs)
+    launch.run_each((programs,), kwargs, "CONTAIN", (FLAG.value, FIXUP.value))
 
 
 def _config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:

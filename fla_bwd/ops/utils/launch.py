@@ -109,19 +109,40 @@ class Launcher:
     def run(self, grid: tuple, kwargs: dict) -> None:
         """`__call__` with the arguments as one dict, which callers that launch the same arguments twice (or add
         a few to a prepared set) pass without copying it at every call level."""
+        self.run_each(grid, kwargs, None, (None,))
+
+    def run_each(self, grid: tuple, kwargs: dict, name: Optional[str], values_of_name: tuple) -> None:
+        """Launch once for each value of the constexpr parameter `name` in `values_of_name`, in order, with the
+        other arguments unchanged (`name` None: launch once). The arguments are bound and keyed once: a second
+        launch costs the C launcher alone (~8 us on the H200 machine's host, PERF.md #31), which is what makes a
+        two-launch kernel pair cheap enough for short calls."""
         if not _FAST or is_interpreter():
             if is_interpreter():
                 install_interpreter_bf16_fix()  # cached: a dict lookup after the first call
-            self.kernel[grid](**kwargs)
+            for value in values_of_name:
+                if name is not None:
+                    kwargs[name] = value
+                self.kernel[grid](**kwargs)
             return
         if not self.names:
             self._bind()
         # Parameters left to the heuristics wrapper are absent (None here): they are constexprs, which the
         # compiled launcher skips.
+        if name is not None:
+            kwargs[name] = values_of_name[0]
         values = [kwargs.get(n) for n in self.names]
         key = self.key(kwargs, values)
-        hit = self.cache.get(key)
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        for i, value in enumerate(values_of_name):
+            if i > 0:  # only `name` changed: it is a constexpr, so only the key's constexpr part moves
+                kwargs[name] = value
+                values[self.names.index(name)] = value
+                consts = tuple([values[i] for i in self._const_idx])
+                key = key[:2] + (consts,) + key[3:]
+            self._launch(grid, grid3, key, kwargs, values)
+
+    def _launch(self, grid: tuple, grid3: tuple, key: tuple, kwargs: dict, values: list) -> None:
+        hit = self.cache.get(key)
         if hit is not None:
             compiled, direct = hit
             if direct is not None and _hooks_empty():

@@ -123,3 +123,16 @@ def test_direct_launch_skips_the_runner_unless_a_hook_is_installed(launcher, mon
     finally:
         launch.knobs.runtime.launch_enter_hook.remove(hook)
     assert compiled.calls == [((7, 1, 1), (x, y, 300, 0.25, 4))] and len(compiled.direct) == 1
+
+
+def test_run_each_launches_every_value_in_order_under_the_key_of_each(launcher):
+    x, y = torch.zeros(8), torch.zeros(8)
+    args = dict(x=x, y=y, n=100, scale=0.5)
+    launcher.run_each((3,), dict(args, C=None), "C", (4, 8))  # both values compile once, through Triton's path
+    assert launcher.kernel.launches == 2 and not launcher.kernel.compiled.calls
+    launcher.run_each((3,), dict(args, C=None), "C", (4, 8))
+    assert launcher.kernel.launches == 2
+    assert launcher.kernel.compiled.calls == [((3, 1, 1), (x, y, 100, 0.5, 4)), ((3, 1, 1), (x, y, 100, 0.5, 8))]
+    # the key run_each derived for C=8 is the one a plain launch computes: a cache hit, not a third compile
+    launcher((3,), **args, C=8)
+    assert launcher.kernel.launches == 2 and len(launcher.kernel.compiled.calls) == 3
