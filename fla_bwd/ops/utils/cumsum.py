@@ -29,6 +29,7 @@ def segment_cumsum_kernel(
         T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
     else:
         bos = i_n.to(tl.int64) * T
+    i_h = i_h.to(tl.int64)
     b_carry = tl.zeros([1], dtype=tl.float32)
     for i_c in range(0, tl.cdiv(T, BT)):
         if REVERSE:
@@ -38,13 +39,13 @@ def segment_cumsum_kernel(
         m_t = (o_t >= 0) & (o_t < T)
         o_tok = (bos + o_t).to(tl.int64)
         # [BT]
-        p_x = o_tok * stride_x_t + i_h.to(tl.int64) * stride_x_h
+        p_x = o_tok * stride_x_t + i_h * stride_x_h
         b_x = tl.load(x + p_x, mask=m_t, other=0).to(tl.float32)
         if HAS_X2:
             b_x += tl.load(x2 + p_x, mask=m_t, other=0).to(tl.float32)
         b_y = tl.cumsum(b_x, axis=0, reverse=REVERSE) + b_carry
         b_carry += tl.sum(b_x, axis=0)
-        p_y = o_tok * stride_y_t + i_h.to(tl.int64) * stride_y_h
+        p_y = o_tok * stride_y_t + i_h * stride_y_h
         tl.store(y + p_y, (b_y * SCALE).to(y.dtype.element_ty), mask=m_t)
 
 

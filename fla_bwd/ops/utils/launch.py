@@ -133,12 +133,15 @@ class Launcher:
         values = [kwargs.get(n) for n in self.names]
         key = self.key(kwargs, values)
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
-        for i, value in enumerate(values_of_name):
-            if i > 0:  # only `name` changed: it is a constexpr, so only the key's constexpr part moves
+        if len(values_of_name) > 1:
+            index = self.names.index(name)
+            if not self.constexpr[index]:
+                raise ValueError(f"run_each: {name!r} must be a constexpr parameter (the key is rebuilt for it alone)")
+        for n, value in enumerate(values_of_name):
+            if n > 0:  # only `name` changed: it is a constexpr, so only the key's constexpr part moves
                 kwargs[name] = value
-                values[self.names.index(name)] = value
-                consts = tuple([values[i] for i in self._const_idx])
-                key = key[:2] + (consts,) + key[3:]
+                values[index] = value
+                key = key[:2] + (tuple([values[j] for j in self._const_idx]),) + key[3:]
             self._launch(grid, grid3, key, kwargs, values)
 
     def _launch(self, grid: tuple, grid3: tuple, key: tuple, kwargs: dict, values: list) -> None:

@@ -136,3 +136,9 @@ def test_run_each_launches_every_value_in_order_under_the_key_of_each(launcher):
     # the key run_each derived for C=8 is the one a plain launch computes: a cache hit, not a third compile
     launcher((3,), **args, C=8)
     assert launcher.kernel.launches == 2 and len(launcher.kernel.compiled.calls) == 3
+
+
+def test_run_each_refuses_a_runtime_parameter(launcher):
+    args = dict(x=torch.zeros(8), y=torch.zeros(8), n=100, scale=0.5, C=4)
+    with pytest.raises(ValueError, match="'n' must be a constexpr"):
+        launcher.run_each((3,), args, "n", (100, 200))
