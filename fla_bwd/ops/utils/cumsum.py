@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from fla_bwd.ops.utils.launch import Launcher
-from fla_bwd.utils import empty, is_interpreter, next_power_of_2
+from fla_bwd.utils import cdiv, empty, is_interpreter, next_power_of_2
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
@@ -53,9 +53,12 @@ _launch_segment_cumsum = Launcher(segment_cumsum_kernel)
 
 
 def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse, scale=1.0, x2=None):
-    # Under the CPU interpreter short chunks make the tests' sequences cross several of them.
-    BT = 16 if is_interpreter() else min(2048, max(16, next_power_of_2(T)))
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    # Chunks as long as an average sequence (up to 2048 tokens; at most 8 compiled sizes): many short packed
+    # sequences keep short chunks rather than 2048-wide mostly-masked ones. T is one sequence's length when dense,
+    # the packed total when varlen. Under the CPU interpreter short chunks make the tests' sequences cross several.
+    mean = T if cu_seqlens is None else cdiv(T, max(N, 1))
+    BT = 16 if is_interpreter() else min(2048, max(16, next_power_of_2(mean)))
     _launch_segment_cumsum(
         (N, NH), x=x, x2=x2, y=y, cu_seqlens=cu_seqlens, T=T,
         stride_x_t=x_strides[0], stride_x_h=x_strides[1], stride_y_t=y_strides[0], stride_y_h=y_strides[1],
