@@ -367,26 +367,43 @@ def _launch_contained(launch: Launcher, programs: int, kwargs: dict) -> None:
     launch.run_each((programs,), kwargs, "CONTAIN", (FLAG.value, FIXUP.value))
 
 
+# Tile sizes and launch shape per (input class, kernel); built once, read on every launch (`_config`).
+_CONFIGS = {
+    "fp32": {
+        "fwd": dict(BT=64, BS=32, num_warps=4, num_stages=2),
+        "dq": dict(BT=64, BS=32, num_warps=8, num_stages=2),
+        "dkv": dict(BT=64, BS=32, num_warps=8, num_stages=2),
+    },
+    "fp32-large": {
+        "fwd": dict(BT=64, BS=32, num_warps=4, num_stages=2),
+        "dq": dict(BT=32, BS=32, num_warps=4, num_stages=2),
+        "dkv": dict(BT=32, BS=32, num_warps=4, num_stages=2),
+    },
+    "16bit": {
+        "fwd": dict(BT=128, BS=128, num_warps=8, num_stages=2),
+        "dq": dict(BT=64, BS=64, num_warps=4, num_stages=2),
+        "dkv": dict(BT=64, BS=64, num_warps=4, num_stages=2),
+    },
+    "16bit-large": {
+        "fwd": dict(BT=64, BS=32, num_warps=8, num_stages=2),
+        "dq": dict(BT=64, BS=32, num_warps=8, num_stages=2),
+        "dkv": dict(BT=64, BS=32, num_warps=8, num_stages=2),
+    },
+}
+_INTERPRETER_CONFIG = dict(BT=32, BS=16, num_warps=4, num_stages=1)
+
+
 def _config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Tile sizes and launch shape per kernel, head dim (the larger of K and V) and input dtype. Under the CPU
-    interpreter small tiles make the tests' short sequences cross every range (window, unmasked, diagonal) of the
-    loops. On the GPU: PERF.md has the measurements behind the 16-bit tiles; fp32 (a correctness fallback using
-    exact fp32 products) halves them to fit the 227 KB of shared memory a block may use (fwd 128x128 needs 256 KB
-    in fp32 at D = 128). `tests/ops/test_kernel_resources.py` compiles every class for sm_90 and checks the fit."""
+    """Tile sizes and launch shape per kernel, head dim (the larger of K and V) and input dtype (read-only: callers
+    spread it into launch arguments). Under the CPU interpreter small tiles make the tests' short sequences cross
+    every range (window, unmasked, diagonal) of the loops. On the GPU: PERF.md has the measurements behind the
+    16-bit tiles; fp32 (a correctness fallback using exact fp32 products) halves them to fit the 227 KB of shared
+    memory a block may use (fwd 128x128 needs 256 KB in fp32 at D = 128). `tests/ops/test_kernel_resources.py`
+    compiles every class for sm_90 and checks the fit."""
     if is_interpreter():
-        return dict(BT=32, BS=16, num_warps=4, num_stages=1)
-    large = D > 128
-    if dtype == torch.float32:
-        return {
-            "fwd": dict(BT=64, BS=32, num_warps=4, num_stages=2),
-            "dq": dict(BT=32 if large else 64, BS=32, num_warps=4 if large else 8, num_stages=2),
-            "dkv": dict(BT=32 if large else 64, BS=32, num_warps=4 if large else 8, num_stages=2),
-        }[kernel]
-    return {
-        "fwd": dict(BT=64 if large else 128, BS=32 if large else 128, num_warps=8, num_stages=2),
-        "dq": dict(BT=64, BS=32 if large else 64, num_warps=8 if large else 4, num_stages=2),
-        "dkv": dict(BT=64, BS=32 if large else 64, num_warps=8 if large else 4, num_stages=2),
-    }[kernel]
+        return _INTERPRETER_CONFIG
+    cls = ("fp32" if dtype == torch.float32 else "16bit") + ("-large" if D > 128 else "")
+    return _CONFIGS[cls][kernel]
 
 
 def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
@@ -425,6 +442,11 @@ def attn_fwd(q, k, v, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens):
     return o, lse
 
 
+# (DELTA_FROM_O, REFINE_DELTA, COMPUTE_DQ) for each launch of the dQ kernel, per delta mode (see `attn_bwd_dq`).
+_DQ_PASSES = {"rounded": ((True, False, True),), "refine": ((True, True, True),),
+              "exact": ((False, True, False), (False, False, True))}
+
+
 def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dG, scale: float, W: int, cu_seqlens, delta_mode: str):
     """dq in q's dtype, and delta `[HQ, B * T]` fp32 for the dK/dV kernel. `delta_mode` says how delta
     (rowsum(o * dO), from the rounded o) is computed and treated:
@@ -442,10 +464,7 @@ def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dG, scale: float, W: int, cu_seql
     dq = empty(*q.shape, dtype=q.dtype, device=q.device)
     delta = empty(HQ, B * T, dtype=torch.float32, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
-    # (DELTA_FROM_O, REFINE_DELTA, COMPUTE_DQ) per pass
-    passes = {"rounded": [(True, False, True)], "refine": [(True, True, True)],
-              "exact": [(False, True, False), (False, False, True)]}
-    for from_o, refine, compute_dq in passes[delta_mode] if NT > 0 else []:
+    for from_o, refine, compute_dq in _DQ_PASSES[delta_mode] if NT > 0 else ():
         _launch_contained(_launch_dq, NT * B * HQ, dict(
             q=q, k=k, v=v, o=o, do=do, dq=dq, dG=dG, lse=lse, delta=delta, g_cumsum=g_cumsum, cu_seqlens=cu_seqlens,
             chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, DELTA_FROM_O=from_o,
@@ -506,6 +525,8 @@ def _dkv_split(path: str, G: int) -> int:
         raise ValueError(f"dK/dV path {path!r} deals each group's query heads to {split} programs, so it needs "
                          f"HQ // H to be a multiple of {split}; got HQ // H = {G}")
     return split
+
+
 _forced_dkv_path: Optional[str] = None
 
 
@@ -576,8 +597,9 @@ def _gqa_split(lengths: tuple, H: int, G: int, D: int, W: int, sms: int) -> Opti
     Counted in query-block iterations, with two resident programs per SM (255 registers x 128 threads each).
     Measured on the H200 (PERF.md #23, kernel time of a backward, us): G8 B1 T4096 H4 (critical path 2.0x the
     average) gqa 1286, split2 953, legacy 983; G8 B2 T2048 D128 gqa 724, split2 561, legacy 617; G8 T8192 (1.02x)
-    gqa 3596, legacy 3708; GQA B2 T2048 H8 (1.0x) gqa 550, split2 598, legacy 636; G4 B4 T512 (1.8x, but 32
-    iterations: the sum costs more than the imbalance) gqa 220, split2 231, legacy 231.
+    gqa 3596, legacy 3708; GQA B2 T2048 H8 (1.0x) gqa 550, split2 598, legacy 636. G4 B4 T512 (1.8x, but 32
+    iterations) with two-launch containment (#31): gqa 90, split2 72 + 10 of sum, legacy 78 + 20: the split saves
+    ~8 us of kernel time and adds a launch (~8-11 us of host time on that machine), hence the 64-iteration floor.
     """
     cfg = _config("dkv", D)
     ratio = cfg["BT"] // cfg["BS"]

@@ -84,6 +84,7 @@ class Launcher:
         self.constexpr = tuple(p.is_constexpr for p in jit.params)
         self._const_idx = tuple(i for i, c in enumerate(self.constexpr) if c)
         self._runtime_idx = tuple(i for i, c in enumerate(self.constexpr) if not c)
+        self._index = {n: i for i, n in enumerate(self.names)}
 
     def key(self, kwargs: dict, values: Optional[list] = None) -> tuple:
         """The cache key of a launch; `values` are the parameters in signature order (taken from kwargs if None).
@@ -134,8 +135,8 @@ class Launcher:
         key = self.key(kwargs, values)
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
         if len(values_of_name) > 1:
-            index = self.names.index(name)
-            if not self.constexpr[index]:
+            index = self._index.get(name)
+            if index is None or not self.constexpr[index]:
                 raise ValueError(f"run_each: {name!r} must be a constexpr parameter (the key is rebuilt for it alone)")
         for n, value in enumerate(values_of_name):
             if n > 0:  # only `name` changed: it is a constexpr, so only the key's constexpr part moves
