@@ -24,6 +24,7 @@ MAX_RATIOS: dict = {}
 _TEST_RATIOS: dict = {}  # test id -> {output name: largest ratio in that test}
 _PASSED: set = set()
 _CURRENT_TEST = {"id": "?"}
+_RESERVED_KEEP = 4 << 30  # bytes of cached GPU memory a worker may keep between tests
 
 
 def error_ratio(ref: torch.Tensor, out: torch.Tensor) -> float:
@@ -65,6 +66,11 @@ def _poison_and_seed(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     yield
     set_poison(False)
+    # A test past 2**31 elements leaves ~35 GB in this worker's caching allocator, where the other pytest workers
+    # on the GPU cannot get it: on 2026-11-30 a T = 15 sink test in another worker failed to launch with
+    # "Triton Error [CUDA]: out of memory" (8 workers on one H200). Hand large reservations back after each test.
+    if DEVICE == "cuda" and torch.cuda.memory_reserved() > _RESERVED_KEEP:
+        torch.cuda.empty_cache()
 
 
 def pytest_runtest_logreport(report):
