@@ -125,11 +125,11 @@ def parse_override(text):
 
 
 def compile_one(task: tuple) -> tuple:
-    """(report lines, over-the-limit message or None) of one kernel; a task is (D, dtype name, plain, index of the
+    """(report lines, over-the-limit message or None) of one kernel; a task is (D, dtype name, variant, index of the
     kernel in `kernels`, overrides per launcher key, loops). Top-level, so worker processes can run it."""
-    D, dtype_name, plain, index, overrides, loops = task
+    D, dtype_name, variant, index, overrides, loops = task
     dtype = getattr(torch, dtype_name)
-    name, kernel, launch, key = kernels(D, dtype, gated=not plain, sink=not plain)[index]
+    name, kernel, launch, key = kernels(D, dtype, *_FLAGS[variant])[index]
     cfg = dict(P._config(key, D, dtype), **parse_override(overrides[key]))
     nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
     c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
@@ -140,10 +140,14 @@ def compile_one(task: tuple) -> tuple:
     return lines, too_big
 
 
+_FLAGS = {"plain": (False, False), "gate": (True, False), "gate+sink": (True, True)}  # (gated, sink)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--plain", action="store_true", help="no gate and no sink (default: both)")
+    ap.add_argument("--gate-only", action="store_true", help="a gate and no sink")
     ap.add_argument("--loops", action="store_true", help="also list each matrix-product loop's size and spills")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--check-smem", action="store_true",
@@ -155,9 +159,12 @@ def main():
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("compile_sm90.py compiles for the GPU: run it without TRITON_INTERPRET=1")
     overrides = {k: getattr(args, k) for k in ("fwd", "dq", "dkv")}
-    tasks = [(D, args.dtype, args.plain, i, overrides, args.loops)
+    if args.plain and args.gate_only:
+        raise SystemExit("--plain and --gate-only exclude each other")
+    variant = "plain" if args.plain else "gate" if args.gate_only else "gate+sink"
+    tasks = [(D, args.dtype, variant, i, overrides, args.loops)
              for D in map(int, args.dims.split(","))
-             for i in range(len(kernels(D, getattr(torch, args.dtype), not args.plain, not args.plain)))]
+             for i in range(len(kernels(D, getattr(torch, args.dtype), *_FLAGS[variant])))]
     if args.jobs > 1:
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
             results = ex.map(compile_one, tasks)
