@@ -95,9 +95,7 @@ class Launcher:
         runtime = []
         for i in self._runtime_idx:
             x = values[i]
-            if type(x) is int:  # the commonest argument, keyed inline as in `_scalar_key`
-                runtime.append(("i", _INT32[0] <= x < _INT32[1], x == 1, x % 16 == 0))
-            elif x is None:
+            if x is None:
                 runtime.append(None)
             elif isinstance(x, torch.Tensor):
                 runtime.append((x.dtype, x.data_ptr() % 16 == 0))
