@@ -2,6 +2,7 @@
 """Package-wide helpers: buffer allocation (NaN-poisoned under test), host integer arithmetic, interpreter detection
 and its bf16 fix."""
 
+import contextlib
 import functools
 import os
 
@@ -46,30 +47,17 @@ def is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@functools.cache
-def install_interpreter_bf16_fix() -> bool:
-    """Make bf16 arithmetic under Triton's CPU interpreter match the GPU; returns True once installed.
-
-    Two interpreter defects (triton-lang/triton issue 11584; both still present in Triton 3.9):
-    - it stores bf16 tensors as their raw uint16 bit patterns and `create_dot` hands them to `np.matmul`
-      unchanged, so a bf16 `tl.dot` multiplies integers. We widen bf16 operands to fp32 first (a 16-bit left
-      shift of the bit pattern, exact).
-    - its fp32 -> bf16 cast truncates the mantissa, where the GPU rounds to nearest even; truncation biases every
-      rounded P and every stored output (o's error ratio against the fp32 oracle doubled, 1.9e-3 -> 3.9e-3).
-      We round to nearest even, as `torch.Tensor.to(torch.bfloat16)` does.
-    Only the interpreter's builder is patched, only for bf16; compiled GPU kernels never run this code. Every
-    launch through `fla_bwd.ops.utils.launch.Launcher` calls this when `TRITON_INTERPRET=1`; `tests/test_utils.py`
-    shows each fix is needed.
-    """
+def _bf16_fix_patches():
+    """(InterpreterBuilder, {method name: fixed method}) for the two bf16 corrections of `interpreter_bf16_fix`, or
+    None on a Triton without the interpreter module. Built on each call from the builder's current methods (cheap:
+    two closures); the originals they wrap are the ones present when the fix is entered."""
     try:
         import numpy as np
         import triton.language as tl
         from triton.runtime import interpreter
     except ImportError:  # pragma: no cover - a triton without the interpreter module
-        return False
+        return None
     builder = interpreter.InterpreterBuilder
-    if getattr(builder.create_dot, "_fla_bwd_fix", False):
-        return True
     original_dot, original_cast = builder.create_dot, builder.cast_impl
 
     def widen(handle):
@@ -90,7 +78,78 @@ def install_interpreter_bf16_fix() -> bool:
             return interpreter.TensorHandle(rounded, tl.bfloat16)
         return original_cast(self, src, dst_type)
 
-    create_dot._fla_bwd_fix = True
-    builder.create_dot, builder.cast_impl = create_dot, cast_impl
-    builder._fla_bwd_originals = (original_dot, original_cast)
+    create_dot._fla_bwd_fix = cast_impl._fla_bwd_fix = True
+    return builder, {"create_dot": create_dot, "cast_impl": cast_impl}
+
+
+_BF16_FIX_DEPTH = 0  # nesting depth of `interpreter_bf16_fix`
+_BF16_FIX_SAVED: dict = {}  # method name -> the builder's own attribute before the outermost entry (absent: None)
+
+
+def _bf16_fix_active(builder) -> bool:
+    return getattr(builder.create_dot, "_fla_bwd_fix", False)
+
+
+@contextlib.contextmanager
+def interpreter_bf16_fix():
+    """Make bf16 arithmetic under Triton's CPU interpreter match the GPU inside the block, and only there.
+
+    Two interpreter defects (triton-lang/triton issue 11584; both still present in Triton 3.9):
+    - it stores bf16 tensors as their raw uint16 bit patterns and `create_dot` hands them to `np.matmul`
+      unchanged, so a bf16 `tl.dot` multiplies integers. We widen bf16 operands to fp32 first (a 16-bit left
+      shift of the bit pattern, exact).
+    - its fp32 -> bf16 cast truncates the mantissa, where the GPU rounds to nearest even; truncation biases every
+      rounded P and every stored output (o's error ratio against the fp32 oracle doubled, 1.9e-3 -> 3.9e-3).
+      We round to nearest even, as `torch.Tensor.to(torch.bfloat16)` does.
+    The interpreter's builder is a class shared by every interpreted kernel in the process, so the two methods are
+    replaced when the outermost block is entered and the very objects that were there are put back when it exits
+    (also on an exception): another library's interpreted kernel, run outside our calls, behaves exactly as
+    without fla_bwd. Under the interpreter a launch runs the whole grid synchronously, so the launcher enters this
+    around each interpreted launch (`fla_bwd.ops.utils.launch.Launcher`). Nests (a depth count); not thread-safe
+    beyond that: a kernel of another library run by another thread while one of ours runs sees the fix. Yields
+    True when the fix is in place, False on a Triton without the interpreter module. Compiled GPU kernels never
+    run this code. `tests/test_utils.py` shows each correction is needed and that nothing leaks.
+    """
+    global _BF16_FIX_DEPTH
+    patches = _bf16_fix_patches() if _BF16_FIX_DEPTH == 0 else None
+    if _BF16_FIX_DEPTH == 0:
+        if patches is None:
+            yield False
+            return
+        builder, fixed = patches
+        _BF16_FIX_SAVED.clear()
+        if not _bf16_fix_active(builder):  # not already fixed (by `install_interpreter_bf16_fix`)
+            for name, method in fixed.items():
+                _BF16_FIX_SAVED[name] = vars(builder).get(name)
+                setattr(builder, name, method)
+    _BF16_FIX_DEPTH += 1
+    try:
+        yield True
+    finally:
+        _BF16_FIX_DEPTH -= 1
+        if _BF16_FIX_DEPTH == 0 and _BF16_FIX_SAVED:
+            from triton.runtime.interpreter import InterpreterBuilder as builder
+            for name, original in _BF16_FIX_SAVED.items():
+                if not getattr(vars(builder).get(name), "_fla_bwd_fix", False):
+                    continue  # replaced by someone else inside the block: theirs stays
+                if original is None:
+                    delattr(builder, name)  # it was inherited, not the class's own
+                else:
+                    setattr(builder, name, original)
+            _BF16_FIX_SAVED.clear()
+
+
+@functools.cache
+def install_interpreter_bf16_fix() -> bool:
+    """Install `interpreter_bf16_fix`'s two corrections for the rest of the process, every interpreted kernel of
+    every library included; returns True once installed. Superseded by the scoped `interpreter_bf16_fix`, which
+    the launcher should enter instead; kept for callers of the old name."""
+    patches = _bf16_fix_patches()
+    if patches is None:  # pragma: no cover - a triton without the interpreter module
+        return False
+    builder, fixed = patches
+    if _bf16_fix_active(builder):
+        return True
+    builder._fla_bwd_originals = (builder.create_dot, builder.cast_impl)
+    builder.create_dot, builder.cast_impl = fixed["create_dot"], fixed["cast_impl"]
     return True

@@ -1,5 +1,11 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""fla_bwd.utils: buffer poisoning, and the interpreter's bf16 fix (each of its two patches is shown needed)."""
+"""fla_bwd.utils: buffer poisoning, and the interpreter's bf16 fix (each of its two patches is shown needed, and
+shown not to leak to another library's kernels)."""
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -7,7 +13,7 @@ import triton
 import triton.language as tl
 from conftest import DEVICE
 
-from fla_bwd.utils import empty, install_interpreter_bf16_fix, is_interpreter, poison_enabled, set_poison
+from fla_bwd.utils import empty, interpreter_bf16_fix, is_interpreter, poison_enabled, set_poison
 
 interpreter_only = pytest.mark.skipif(
     DEVICE == "cuda", reason="the bf16 fix patches Triton's CPU interpreter, which is not in use on the GPU")
@@ -65,58 +71,141 @@ def _bits(t):
     return t.view(torch.int16)
 
 
+def _originals():
+    """The builder's two methods as they are outside the fix."""
+    return _builder().create_dot, _builder().cast_impl
+
+
 @interpreter_only
 def test_interpreter_in_use():
     assert is_interpreter()
-    assert install_interpreter_bf16_fix() is True
-    assert install_interpreter_bf16_fix() is True  # idempotent
-    originals = _builder()._fla_bwd_originals
-    assert len(originals) == 2
-    assert _builder().create_dot is not originals[0] and _builder().cast_impl is not originals[1]
+    original_dot, original_cast = _originals()
+    assert not getattr(original_dot, "_fla_bwd_fix", False), "the fix leaked out of a previous block"
+    with interpreter_bf16_fix() as active:
+        assert active is True
+        assert _builder().create_dot is not original_dot and _builder().cast_impl is not original_cast
+        with interpreter_bf16_fix() as inner:  # nests
+            assert inner is True
+        assert _builder().create_dot is not original_dot, "leaving an inner block must keep the fix"
+    assert _builder().create_dot is original_dot and _builder().cast_impl is original_cast
+    with pytest.raises(KeyError):
+        with interpreter_bf16_fix():
+            raise KeyError("inside the block")
+    assert _builder().create_dot is original_dot and _builder().cast_impl is original_cast, "restored on error"
 
 
 @interpreter_only
 def test_bf16_dot_fix_is_needed(monkeypatch):
-    install_interpreter_bf16_fix()
     a = torch.randn(16, 16, device=DEVICE).to(torch.bfloat16)
     b = torch.randn(16, 16, device=DEVICE).to(torch.bfloat16)
     ref = a.float() @ b.float()
-    assert _rel(ref, _dot(a, b)) < 1e-5
-    original_dot, _ = _builder()._fla_bwd_originals
-    monkeypatch.setattr(_builder(), "create_dot", original_dot)
+    original_dot, _ = _originals()
+    with interpreter_bf16_fix():
+        assert _rel(ref, _dot(a, b)) < 1e-5
+        monkeypatch.setattr(_builder(), "create_dot", original_dot)
+        err = _rel(ref, _dot(a, b))
+        assert err > 0.1, f"without the fix the bf16 dot should be wrong (integer bit patterns), error {err:.3g}"
+        monkeypatch.undo()
+        assert _rel(ref, _dot(a, b)) < 1e-5
     err = _rel(ref, _dot(a, b))
-    assert err > 0.1, f"without the fix the bf16 dot should be wrong (integer bit patterns), error {err:.3g}"
-    monkeypatch.undo()
-    assert _rel(ref, _dot(a, b)) < 1e-5
+    assert err > 0.1, f"outside the block the interpreter's own dot must run again, error {err:.3g}"
 
 
 @interpreter_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 def test_dot_other_dtypes_unchanged(dtype):
-    install_interpreter_bf16_fix()
     a = torch.randn(16, 16, device=DEVICE).to(dtype)
     b = torch.randn(16, 16, device=DEVICE).to(dtype)
-    assert _rel(a.float() @ b.float(), _dot(a, b)) < 1e-5
+    with interpreter_bf16_fix():
+        assert _rel(a.float() @ b.float(), _dot(a, b)) < 1e-5
 
 
 @interpreter_only
 def test_bf16_rounding_fix_is_needed(monkeypatch):
-    install_interpreter_bf16_fix()
     x = _cast_inputs()
     ref = x.to(torch.bfloat16)
-    out = _cast(x)
+    _, original_cast = _originals()
     nan = torch.isnan(x)
-    assert torch.isnan(out[nan]).all()
-    # NaN payloads differ between implementations (torch gives 0xFFFF here): everything else bit for bit.
-    assert torch.equal(_bits(out[~nan]), _bits(ref[~nan])), "fp32 -> bf16 must round to nearest even, bit for bit"
-    _, original_cast = _builder()._fla_bwd_originals
-    monkeypatch.setattr(_builder(), "cast_impl", original_cast)
-    unfixed = _cast(x)
+    with interpreter_bf16_fix():
+        out = _cast(x)
+        assert torch.isnan(out[nan]).all()
+        # NaN payloads differ between implementations (torch gives 0xFFFF here): everything else bit for bit.
+        assert torch.equal(_bits(out[~nan]), _bits(ref[~nan])), "fp32 -> bf16 must round to nearest even, bit for bit"
+        monkeypatch.setattr(_builder(), "cast_impl", original_cast)
+        unfixed = _cast(x)
+        monkeypatch.undo()
     mismatched = (_bits(unfixed[~nan]) != _bits(ref[~nan])).sum().item()
     assert mismatched > 0, "without the fix the cast truncates, so some inputs must round differently"
     # Truncation never rounds away from zero: every mismatch among normal numbers lies towards zero.
     normal = (x.abs() >= torch.finfo(torch.float32).tiny) & torch.isfinite(x) & (_bits(unfixed) != _bits(ref))
     assert normal.any() and (unfixed[normal].float().abs() <= ref[normal].float().abs()).all()
+    assert torch.equal(_bits(_cast(x)), _bits(unfixed)), "outside the block the interpreter's own cast runs again"
+
+
+_FOREIGN = textwrap.dedent("""
+    import os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    @triton.jit  # another library's kernel: a bf16 dot and an fp32 -> bf16 cast
+    def foreign(a, b, c, x, y, N: tl.constexpr):
+        o = tl.arange(0, N)
+        p = o[:, None] * N + o[None, :]
+        tl.store(c + p, tl.dot(tl.load(a + p), tl.load(b + p)))
+        tl.store(y + p, tl.load(x + p).to(tl.bfloat16))
+
+    def run():
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(16, 16, generator=g).bfloat16()
+        b = torch.randn(16, 16, generator=g).bfloat16()
+        x = torch.randn(16, 16, generator=g) * (1 + 2 ** -8)
+        c = torch.empty(16, 16)
+        y = torch.empty(16, 16, dtype=torch.bfloat16)
+        foreign[(1,)](a, b, c, x, y, N=16)
+        return c, y
+
+    def methods():
+        return dict(vars(InterpreterBuilder))
+
+    before, c0, y0 = methods(), *run()  # fla_bwd not even imported: the interpreter as Triton ships it
+    import fla_bwd.ops.attn
+    from fla_bwd.ops.attn import parallel_attn
+    c1, y1 = run()
+    q = torch.randn(1, 20, 2, 16).bfloat16().requires_grad_()
+    kv = torch.randn(1, 20, 1, 16).bfloat16().requires_grad_()
+    parallel_attn(q, kv, kv).float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad.float()).all()
+    c2, y2 = run()
+    after = methods()
+    changed = sorted(n for n in set(before) | set(after) if before.get(n) is not after.get(n))
+    assert not changed, f"fla_bwd left InterpreterBuilder changed: {changed}"
+    for name, c, y in (("import", c1, y1), ("call", c2, y2)):
+        assert torch.equal(c, c0), f"another library's bf16 dot changed after fla_bwd's {name}"
+        assert torch.equal(y.view(torch.int16), y0.view(torch.int16)), f"its bf16 cast changed after the {name}"
+    # The comparison has teeth: Triton's own bf16 dot multiplies bit patterns (far from the true product), which
+    # the fix, had it stayed, would have changed.
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 16, generator=g).bfloat16(), torch.randn(16, 16, generator=g).bfloat16()
+    true = a.float() @ b.float()
+    assert ((c0 - true).norm() / true.norm()).item() > 0.1, "the unpatched interpreter's bf16 dot should be wrong"
+    print("OK")
+""")
+
+
+@interpreter_only
+def test_fix_does_not_leak_to_other_kernels():
+    """A tiny non-fla_bwd bf16 kernel gives bitwise the same results before fla_bwd is imported, after the import,
+    and after an fla_bwd forward + backward (which runs its bf16 kernels under the fix), and the interpreter's
+    builder holds the same method objects: nothing of the fix stays in the process. In a fresh interpreter, so that
+    no earlier test's state counts."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", _FOREIGN], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
 
 
 def test_empty_is_poisoned_when_on():

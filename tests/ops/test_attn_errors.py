@@ -208,14 +208,21 @@ def test_cu_seqlens_not_a_tensor():
 # window_size and scale
 # ------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("W", [0, -1, -100])
-def test_window_size_not_positive(W):
-    _raises(ValueError, rf"^window_size must be >= 1, got {W}", *_inputs(), window_size=W)
+@pytest.mark.parametrize("W", [-1, -100])
+def test_window_size_negative(W):
+    _raises(ValueError, rf"^window_size must be >= 0 .*got {W}", *_inputs(), window_size=W)
+
+
+def test_window_size_zero_needs_a_sink():
+    """FLA's window_size=0 masks every key: only a sink is left in the softmax (o = 0); without one there is no
+    term at all (FLA returns NaN), which is refused."""
+    _raises(ValueError, r"^window_size=0 masks every key, so without sink_bias .*pass window_size >= 1",
+            *_inputs(), window_size=0)
 
 
 @pytest.mark.parametrize("W", [2.5, 4.0, True, "8", torch.tensor(4)], ids=["2.5", "4.0", "True", "str", "tensor"])
 def test_window_size_not_int(W):
-    _raises(TypeError, r"^window_size must be a positive int or None", *_inputs(), window_size=W)
+    _raises(TypeError, r"^window_size must be a non-negative int or None", *_inputs(), window_size=W)
 
 
 @pytest.mark.parametrize("scale", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
