@@ -4,6 +4,7 @@
 from typing import Optional
 
 import torch
+from einops import rearrange, repeat
 
 
 def naive_parallel_attn(
@@ -35,12 +36,13 @@ def naive_parallel_attn(
     G = HQ // H
     if scale is None:
         scale = K ** -0.5
-    qf = q.float().transpose(1, 2)  # [B, HQ, T, K]
-    kf = k.float().transpose(1, 2).repeat_interleave(G, dim=1)  # [B, HQ, T, K]
-    vf = v.float().transpose(1, 2).repeat_interleave(G, dim=1)  # [B, HQ, T, V]
-    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # [B, HQ, T, T]
+    # Heads first; KV head h serves query heads h * G .. h * G + G - 1 (GQA).
+    qf = rearrange(q.float(), "b t hq k -> b hq t k")
+    kf = repeat(k.float(), "b t h k -> b (h g) t k", g=G)
+    vf = repeat(v.float(), "b t h v -> b (h g) t v", g=G)
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # [B, HQ, T(query), T(key)]
     if g is not None:
-        gc = g.float().cumsum(1).transpose(1, 2)  # [B, HQ, T]
+        gc = rearrange(g.float().cumsum(1), "b t hq -> b hq t")  # G, the gate's cumsum over T
         s = s + gc[..., :, None] - gc[..., None, :]
     i = torch.arange(T, device=q.device)
     visible = i[:, None] >= i[None, :]
@@ -48,8 +50,8 @@ def naive_parallel_attn(
         visible = visible & (i[:, None] - i[None, :] < window_size)
     s = s.masked_fill(~visible, float("-inf"))
     if sink_bias is not None:
-        sink = sink_bias.float().view(1, HQ, 1, 1).expand(B, HQ, T, 1)
+        sink = repeat(sink_bias.float(), "hq -> b hq t 1", b=B, t=T)  # one more logit per row
         p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :T]
     else:
         p = torch.softmax(s, dim=-1)
-    return torch.matmul(p, vf).transpose(1, 2)  # [B, T, HQ, V]
+    return rearrange(torch.matmul(p, vf), "b hq t v -> b t hq v")

@@ -4,6 +4,7 @@
 from typing import Optional
 
 import torch
+from einops import rearrange, repeat
 
 
 def naive_forgetting_attn(
@@ -22,10 +23,10 @@ def naive_forgetting_attn(
     B, T, HQ, K = q.shape
     G = HQ // k.shape[2]
     scale = K ** -0.5 if scale is None else scale
-    qf = q.float().transpose(1, 2)  # [B, HQ, T, K]
-    kf = k.float().transpose(1, 2).repeat_interleave(G, dim=1)
-    vf = v.float().transpose(1, 2).repeat_interleave(G, dim=1)
-    gf = g.float().transpose(1, 2)  # [B, HQ, T]
+    qf = rearrange(q.float(), "b t hq k -> b hq t k")
+    kf = repeat(k.float(), "b t h k -> b (h g) t k", g=G)  # KV head h serves query heads h * G .. h * G + G - 1
+    vf = repeat(v.float(), "b t h v -> b (h g) t v", g=G)
+    gf = rearrange(g.float(), "b t hq -> b hq t")
     i = torch.arange(T, device=q.device)
     # decay[i, j] = sum of g_t for j < t <= i: a lower-triangular (t <= i) and strictly-after-j (t > j) mask.
     between = (i[None, :, None] <= i[:, None, None]) & (i[None, :, None] > i[None, None, :])  # [T(i), T(t), T(j)]
@@ -35,4 +36,4 @@ def naive_forgetting_attn(
     if window_size is not None:
         visible = visible & (i[:, None] - i[None, :] < window_size)
     s = s.masked_fill(~visible, float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), vf).transpose(1, 2)
+    return rearrange(torch.matmul(torch.softmax(s, dim=-1), vf), "b hq t v -> b t hq v")
