@@ -15,7 +15,7 @@
 # or, unsplit (too long for one 10-minute command with every peer): bash benchmarks/gpu_run.sh
 # Installs the carried peer wheels into /tmp/site, runs the correctness gate and the shapes (bwd and fwdbwd; fwd on
 # the forward control) with the dispatch-vs-legacy A/B and all peers, then writes into $OUT:
-#     summary[-partK].json  summary[-partK].md  bwd_tflops[-partK].png  logs/{run[-partK],report,pip,env,plan}.log
+#     summary[-partK].json  summary[-partK].md  peer_ratios[-partK].png  logs/{run[-partK],report,pip,env,plan}.log
 # and prints the backward-alone table last. Finishes in about BENCH_TOTAL_S seconds at most (default 540 for a
 # part, 450 unsplit). Knobs (environment): PART, PARTS, GATE (auto|run|defer), GATE_STAMP, GATE_WORKERS,
 # BENCH_COMMIT, BENCH_TOTAL_S, GATE_TIMEOUT_S, ITERS, REPEATS, PEERS, SHAPES, OVERHEAD_SHAPES.
@@ -83,7 +83,7 @@ export FLA_DISABLE_BACKEND_DISPATCH=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHON
 unset TRITON_INTERPRET FLA_BWD_DKV_PATH
 
 {
-  nvidia-smi || true
+  $PY -m torch.utils.collect_env || true  # the runner records the same in its JSON (env.collect_env)
   $PY -c 'import sys, torch, triton; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda,
 "triton", triton.__version__, "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)' || true
   $PY -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tail -n 2 || true

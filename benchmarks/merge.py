@@ -9,7 +9,7 @@ present); every part ran the same code (same source fingerprint; same commit whe
 the gate and it was green, and every later part inherited that green gate or deferred to part 1 (none red or
 skipped); the parts agree on op, timer, A/B, repeats, iters, FA3 calls and peers; no shape is measured twice.
 Writes OUT_DIR/summary.json (the parts' results in the registry's order, every part's environment and command under
-`parts`, geomeans and checks recomputed over the merged shapes), then summary.md and bwd_tflops.png (report.py).
+`parts`, geomeans and checks recomputed over the merged shapes), then summary.md and peer_ratios.png (report.py).
 """
 
 import argparse
@@ -165,7 +165,7 @@ def merge(parts: list, names: list = None) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("parts", nargs="+", help="the parts' summary-partK.json files")
-    ap.add_argument("--out-dir", required=True, help="writes summary.json, summary.md, bwd_tflops.png here")
+    ap.add_argument("--out-dir", required=True, help="writes summary.json, summary.md, peer_ratios.png here")
     ap.add_argument("--anchors", default=None, help="peer anchors JSONL (report.py --anchors)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--print-mode", default="bwd", help="print this mode's table last (default bwd; '' for none)")

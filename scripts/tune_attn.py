@@ -2,7 +2,8 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """GPU tuning harness for the attention kernels: correctness spot checks, then per-kernel and end-to-end timings of
 tile-config variants and of both dK/dV paths, in one process. Not a benchmark of record (that is
-`benchmarks/ops/run.py`); it answers "which variant, and where does the time go".
+`benchmarks/ops/run.py`); it answers "which variant, and where does the time go". Times with the runner's method
+(`benchmarks.ops.timing.median_us`: warm-up, then CUDA events with an L2 flush before every call, median).
 
     python scripts/tune_attn.py --shapes g8-T8192,gqa4-long --variants base,bt128 --json $OUT/tune.json
 """
@@ -16,10 +17,10 @@ import sys
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from benchmarks.ops import registry  # noqa: E402
+from benchmarks.ops.timing import Timer, median_us  # noqa: E402
 from fla_bwd.ops.attn import dkv_path, naive_parallel_attn, parallel_attn  # noqa: E402
 from fla_bwd.ops.attn import parallel as P
 
@@ -106,7 +107,7 @@ def kernel_times(fn, iters=10):
     return out
 
 
-def time_shape(shape, path, reps):
+def time_shape(shape, path, iters, timer):
     B, T, HQ, H, D, W, gated = SHAPES[shape]
     q, k, v, g = make_inputs(B, T, HQ, H, D, gated)
     do = torch.randn(B, T, HQ, D, device="cuda", dtype=q.dtype)
@@ -117,8 +118,8 @@ def time_shape(shape, path, reps):
         o = fwd()
         bwd = lambda: torch.autograd.grad(o, ins, do, retain_graph=True)
         bwd()
-        res["fwd_us"] = [1e3 * do_bench(fwd, warmup=10, rep=reps, return_mode="median") for _ in range(2)]
-        res["bwd_us"] = [1e3 * do_bench(bwd, warmup=10, rep=reps, return_mode="median") for _ in range(2)]
+        res["fwd_us"] = [median_us(fwd, "cuda", iters, timer) for _ in range(2)]
+        res["bwd_us"] = [median_us(bwd, "cuda", iters, timer) for _ in range(2)]
         res["kernels"] = kernel_times(bwd)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -136,7 +137,7 @@ def visible_pairs(T, W):
     return W * (W + 1) // 2 + (T - W) * W
 
 
-def sdpa_peer(shape, backend, reps):
+def sdpa_peer(shape, backend, iters, timer):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     B, T, HQ, H, D, W, gated = SHAPES[shape]
     if W is not None or gated:
@@ -150,7 +151,7 @@ def sdpa_peer(shape, backend, reps):
             do = torch.randn_like(o)
             bwd = lambda: torch.autograd.grad(o, (qt, kt, vt), do, retain_graph=True)
             bwd()
-            return 1e3 * do_bench(bwd, warmup=10, rep=reps, return_mode="median")
+            return median_us(bwd, "cuda", iters, timer)
     except Exception as e:  # a backend may refuse a shape
         return f"failed: {type(e).__name__}: {str(e)[:80]}"
 
@@ -162,12 +163,15 @@ def main():
     ap.add_argument("--paths", default="gqa,legacy")
     ap.add_argument("--check", action="store_true", help="correctness spot check per shape and path first")
     ap.add_argument("--peers", action="store_true", help="time SDPA cuDNN and FA2 on the same shapes")
-    ap.add_argument("--reps", type=int, default=100, help="do_bench rep time (ms)")
+    ap.add_argument("--iters", "--reps", dest="iters", type=int, default=50,
+                    help="timed calls per measurement (after the warm-up), default 50; the benchmark runner's "
+                         "method: benchmarks/ops/timing.py, CUDA events, an L2 flush before every call")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_attn.py needs a CUDA GPU")
     shapes = args.shapes.split(",")
+    timer = Timer(torch.device("cuda"))
     results = []
     for shape in shapes:
         if args.check:
@@ -183,12 +187,12 @@ def main():
         peers = {}
         if args.peers:
             for be in ("cudnn", "fa2"):
-                peers[be] = sdpa_peer(shape, be, args.reps)
+                peers[be] = sdpa_peer(shape, be, args.iters, timer)
         for variant in args.variants.split(","):
             use_variant(variant)
             for path in args.paths.split(","):
                 try:
-                    r = time_shape(shape, path, args.reps)
+                    r = time_shape(shape, path, args.iters, timer)
                 except Exception as e:
                     r = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
                 r.update(shape=shape, variant=variant, path=path, peers=peers)

@@ -70,6 +70,12 @@ def _ratios(per_round, num: str, den: str) -> list:
     return [statistics.median(a) / statistics.median(b) for a, b in zip(per_round[num], per_round[den])]
 
 
+def make_do(shape, inputs: dict, device) -> torch.Tensor:
+    """The output gradient `do` [B, T, HQ, V]: normal, from the shape's seed + 1, in q's dtype."""
+    gen = torch.Generator(device="cpu").manual_seed(shape.seed + 1)
+    return torch.randn(inputs["q"].shape[:-1] + (shape.V,), generator=gen).to(device, inputs["q"].dtype)
+
+
 def new_record(shape, modes) -> dict:
     return {"shape": shape.as_dict(), "flops": {m: shape.flops(m) for m in modes}, "modes": {}, "skipped_peers": {},
             "errors": {}, "elapsed_s": None}
@@ -82,8 +88,7 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
     op.check(shape)
     op_fn = op.load()
     inputs = make_inputs(op, shape, device)
-    gen = torch.Generator(device="cpu").manual_seed(shape.seed + 1)
-    do = torch.randn(inputs["q"].shape[:-1] + (shape.V,), generator=gen).to(device, inputs["q"].dtype)
+    do = make_do(shape, inputs, device)
     rec = new_record(shape, st.modes) if rec is None else rec
     if st.force_peers or shape.peers is True:
         peers = st.peers

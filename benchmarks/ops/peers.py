@@ -11,6 +11,7 @@ import os
 from typing import Optional  # noqa: F401 - kept for callers
 
 import torch
+from einops import rearrange
 
 from .candidates import Candidate, one_line
 from .shapes import PEERS, unsupported  # noqa: F401 - re-exported
@@ -30,7 +31,7 @@ def _gated_flex(q, k, v, g, block_mask, enable_gqa):
     """Flex with the forget gate as a score_mod; compiled whole, so the closure is built inside the graph."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    gq = g.float().cumsum(1).transpose(1, 2)  # [B, HQ, T]; differences within a sequence only
+    gq = rearrange(g.float().cumsum(1), "b t h -> b h t")  # differences within a sequence only
     gk = gq.clone()  # flex refuses two indexings of one grad-requiring buffer
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -78,12 +79,12 @@ def _flex_candidate(shape, inputs, do) -> Candidate:
     flex, gqa = _flex(g is not None), shape.G > 1
 
     def forward():
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        qt, kt, vt = (rearrange(x, "b t h d -> b h t d") for x in (q, k, v))  # views, as flex wants them
         if g is None:
             o = flex(qt, kt, vt, block_mask=block_mask, enable_gqa=gqa)
         else:
             o = flex(qt, kt, vt, g, block_mask, gqa)
-        return o.transpose(1, 2)
+        return rearrange(o, "b h t d -> b t h d")
 
     return Candidate(name="flex", forward=forward, leaves=_leaves(inputs), do=do, state={"block_mask": block_mask})
 
@@ -99,9 +100,9 @@ def _sdpa_candidate(backend_name, shape, inputs, do) -> Candidate:
 
     def forward():
         with sdpa_kernel(backend):  # the backend's own backward node is recorded by this forward
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True, enable_gqa=gqa)
-        return o.transpose(1, 2)
+            qt, kt, vt = (rearrange(x, "b t h d -> b h t d") for x in (q, k, v))
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+        return rearrange(o, "b h t d -> b t h d")
 
     tag = {"CUDNN_ATTENTION": "sdpa-cudnn", "FLASH_ATTENTION": "sdpa-fa2"}[backend_name]
     return Candidate(name=tag, forward=forward, leaves=_leaves(inputs), do=do)

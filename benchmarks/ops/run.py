@@ -126,18 +126,11 @@ def resolve(args):
 
 
 def progress_bar(total):
-    try:
-        from tqdm import tqdm
+    """tqdm on stderr (stdout stays the log); returns (tick, close)."""
+    from tqdm import tqdm
 
-        bar = tqdm(total=total, file=sys.stderr, mininterval=2.0, desc="shape x mode")
-        return bar.update, bar.close
-    except ImportError:
-        state = {"n": 0}
-
-        def tick():
-            state["n"] += 1
-            print(f"[{state['n']}/{total}]", flush=True)
-        return tick, lambda: None
+    bar = tqdm(total=total, file=sys.stderr, mininterval=2.0, desc="shape x mode")
+    return bar.update, bar.close
 
 
 def write_json(path, data):

@@ -1,5 +1,5 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""The correctness gate (the op's test file in a subprocess) and the environment record."""
+"""The correctness gate (the op's test file in a subprocess) and the environment record (torch.utils.collect_env)."""
 
 import hashlib
 import json
@@ -113,11 +113,23 @@ def environment() -> dict:
         env["gpu"] = torch.cuda.get_device_name(0)
         env["gpu_sms"] = p.multi_processor_count
         env["gpu_mem_GiB"] = round(p.total_memory / 2**30, 1)
-        env["driver"] = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) or None
     else:
         env["gpu"] = None
+    env.update(system_info())
     env.update(peer_versions())
     return env
+
+
+def system_info() -> dict:
+    """torch.utils.collect_env's description of the machine (driver, GPU models, CUDA/cuDNN, OS, compilers, pip
+    packages, CPU), stored whole under `collect_env`; `driver` is its NVIDIA driver version."""
+    try:
+        from torch.utils import collect_env
+
+        info = collect_env.get_env_info()._asdict()
+    except Exception as e:  # collect_env shells out (nvidia-smi, pip, lscpu): never let it stop a run
+        return {"collect_env": {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}}
+    return {"collect_env": info, "driver": info.get("nvidia_driver_version")}
 
 
 def peer_versions() -> dict:

@@ -4,6 +4,7 @@
 Pure Python (no torch) so the CLI can validate names before anything heavy is imported.
 """
 
+import random
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -31,6 +32,7 @@ class Shape:
     gated: bool = False
     varlen: bool = False
     nseq: int = 0  # varlen only: number of packed sequences (0: T // 2048, at least 2)
+    lens: tuple = ()  # varlen only: the packed lengths given explicitly (else drawn from the seed)
     dtype: str = "bf16"
     seed: int = 0
     modes: tuple = ("bwd", "fwdbwd")
@@ -65,6 +67,8 @@ class Shape:
         """Sequence lengths: [T] * B for dense rows; unequal lengths summing to T, fixed by the seed, for varlen."""
         if not self.varlen:
             return [self.T] * self.B
+        if self.lens:
+            return list(self.lens)
         n = self.nseq or max(2, self.T // 2048)
         return unequal_split(self.T, n, self.seed)
 
@@ -91,6 +95,8 @@ class Shape:
             raise ShapeError(f"shape {self.name!r}: packed varlen needs B == 1, got B={self.B}")
         if self.dtype not in DTYPES:
             raise ShapeError(f"shape {self.name!r}: dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.lens and (not self.varlen or sum(self.lens) != self.T or min(self.lens) < 1):
+            raise ShapeError(f"shape {self.name!r}: lens {self.lens} must be positive and sum to T={self.T} (varlen)")
         if self.varlen and self.nseq and self.nseq > self.T:
             raise ShapeError(f"shape {self.name!r}: {self.nseq} sequences cannot pack into T={self.T}")
         bad = [m for m in self.modes if m not in MODES]
@@ -120,17 +126,6 @@ def brute_force_pairs(seqlens, window: Optional[int] = None) -> int:
     return total
 
 
-def _splitmix64(state: int):
-    """Tiny deterministic generator (same stream on every Python, numpy or torch version)."""
-    mask = (1 << 64) - 1
-    while True:
-        state = (state + 0x9E3779B97F4A7C15) & mask
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        yield z ^ (z >> 31)
-
-
 def unequal_split(total: int, n: int, seed: int) -> list:
     """Split `total` tokens into `n` pairwise-different positive lengths, deterministic in `seed`.
 
@@ -141,10 +136,10 @@ def unequal_split(total: int, n: int, seed: int) -> list:
         raise ShapeError(f"cannot split {total} tokens into {n} distinct positive lengths")
     if n == 1:
         return [total]
-    rng = _splitmix64(seed * 1_000_003 + total * 31 + n)
+    rng = random.Random(seed * 1_000_003 + total * 31 + n)  # int seed + random(): reproducible across Pythons
     mean = total / n
     for _ in range(10_000):
-        lens = [max(1, int(mean * (0.25 + 1.5 * (next(rng) / 2.0**64)))) for _ in range(n - 1)]
+        lens = [max(1, int(mean * (0.25 + 1.5 * rng.random()))) for _ in range(n - 1)]
         last = total - sum(lens)
         lens.append(last)
         if last > 0 and len(set(lens)) == n:

@@ -1,14 +1,51 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Across-shape aggregates (equal-weight geomeans of every ratio, the gated/ungated check) and tables.
+"""Across-shape aggregates (equal-weight geomeans of every ratio, by registry group and by row kind; the
+gated/ungated check) and tables: the answer table (fla_bwd against each peer, by row kind) and the detail tables.
 
-Pure Python over the run's JSON, shared by the runner and benchmarks/report.py.
+Pure Python over the run's JSON (tables through tabulate), shared by the runner and benchmarks/report.py.
 """
+
+from tabulate import tabulate
 
 from .timing import geomean
 
 OURS, LEGACY = "fla_bwd", "fla_bwd[legacy]"
 GATED_TWINS = (("g8-T8192-gated", "g8-T8192"), ("gqa4-long-gated", "gqa4-long"))
 GATED_LIMIT = 1.15
+
+# Row kinds, derived from the shape alone (first rule that applies), in the answer table's column order.
+SHORT_T = 512
+KINDS = ("dense GQA", "MHA", f"short (T<={SHORT_T})", "windowed", "gated", "varlen", "fp32")
+KIND_RULES = {
+    "fp32": "fp32 inputs (a control: most peers are fp16/bf16 only)",
+    "varlen": "packed variable-length batch (gated)",
+    "gated": "forget gate, dense",
+    "windowed": "sliding window",
+    f"short (T<={SHORT_T})": f"dense causal, T <= {SHORT_T} (host-bound)",
+    "MHA": "dense causal, G = 1",
+    "dense GQA": "dense causal, G >= 2 (any K, V)",
+}
+PEER_ORDER = ("fa3", "sdpa-cudnn", "sdpa-fa2", "flex", "fla-0.6")
+MODE_TITLES = {"bwd": "backward alone", "fwdbwd": "forward + backward", "fwd": "forward"}
+
+
+def row_kind(shape: dict) -> str:
+    """The row's kind from its shape record (`Shape.as_dict()`): fp32, varlen, gated, windowed, short, MHA or GQA."""
+    if shape.get("dtype") == "fp32":
+        return "fp32"
+    if shape.get("varlen"):
+        return "varlen"
+    if shape.get("gated"):
+        return "gated"
+    if shape.get("W"):
+        return "windowed"
+    if shape.get("T", 0) <= SHORT_T:
+        return f"short (T<={SHORT_T})"
+    return "MHA" if shape.get("G", shape.get("HQ", 0) // max(shape.get("H", 1), 1)) == 1 else "dense GQA"
+
+
+def _peer_sort(p):
+    return (PEER_ORDER.index(p) if p in PEER_ORDER else len(PEER_ORDER), p)
 
 
 def ratio_keys(records, mode):
@@ -26,19 +63,22 @@ def _ratio(m, key):
 
 
 def aggregate(records, modes) -> dict:
-    """geomean[mode][key] = {all, n, by_group}; key `ab` is legacy/auto, `vs:PEER` is peer/fla_bwd (>1: faster)."""
+    """geomean[mode][key] = {all, n, by_group, by_kind}; key `ab` is legacy/auto, `vs:PEER` is peer/fla_bwd
+    (> 1: fla_bwd faster)."""
     out = {}
     for mode in modes:
         out[mode] = {}
         for key in ratio_keys(records, mode):
-            vals, groups = [], {}
+            vals, groups, kinds = [], {}, {}
             for r in records:
                 x = _ratio(r.get("modes", {}).get(mode, {}), key).get("median")
                 if x:
                     vals.append(x)
                     groups.setdefault(r["shape"]["group"], []).append(x)
+                    kinds.setdefault(row_kind(r["shape"]), []).append(x)
             out[mode][key] = {"all": geomean(vals), "n": len(vals),
-                              "by_group": {g: geomean(v) for g, v in sorted(groups.items())}}
+                              "by_group": {g: geomean(v) for g, v in sorted(groups.items())},
+                              "by_kind": {k: geomean(kinds[k]) for k in KINDS if k in kinds}}
     return out
 
 
@@ -68,7 +108,7 @@ def peer_names(records, mode):
     names = set()
     for r in records:
         names |= set(r.get("modes", {}).get(mode, {}).get("candidates", {}))
-    return sorted(names - {OURS, LEGACY})
+    return sorted(names - {OURS, LEGACY}, key=_peer_sort)
 
 
 def rows(data: dict, mode: str):
@@ -103,15 +143,54 @@ def rows(data: dict, mode: str):
 def text_table(head, body) -> str:
     if not body:
         return "(no rows)"
-    w = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    line = lambda r: "  ".join(str(x).ljust(n) for x, n in zip(r, w))  # noqa: E731
-    return "\n".join([line(head), "  ".join("-" * n for n in w)] + [line(r) for r in body])
+    return tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)
 
 
 def md_table(head, body) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(str(x) for x in r) + " |" for r in body]
-    return "\n".join(out)
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
+
+
+def answer(data: dict, modes=("bwd", "fwdbwd")):
+    """The answer table: one row per peer, one column per row kind (and all rows); each cell the geomean over the
+    kind's rows of the per-row ratio peer time / fla_bwd time (the median over rounds) for each of `modes`, "n/a"
+    where the peer ran no row of the kind, "(k of n)" where it ran only some. Returns (head, body, kinds present)."""
+    records = [r for r in data.get("results", []) if any(m in r.get("modes", {}) for m in modes)]
+    rows_of = {}
+    for r in records:
+        rows_of.setdefault(row_kind(r["shape"]), []).append(r)
+    kinds = [k for k in KINDS if k in rows_of]
+    peers = sorted({p for r in records for m in modes for p in r["modes"].get(m, {}).get("vs", {})}, key=_peer_sort)
+    head = ["peer"] + [f"all rows ({len(records)})"] + [f"{k} ({len(rows_of[k])})" for k in kinds]
+    body = []
+    for p in peers:
+        row = [p]
+        for group in [records] + [rows_of[k] for k in kinds]:
+            cells, counts = [], []
+            for m in modes:
+                xs = [x for x in (r["modes"].get(m, {}).get("vs", {}).get(p, {}).get("median") for r in group) if x]
+                cells.append(f"{geomean(xs):.2f}" if xs else "n/a")
+                counts.append(len(xs))
+            if not any(counts):
+                row.append("n/a")
+                continue
+            cell = " / ".join(cells)
+            if len(set(counts)) > 1:
+                cell += " (" + ", ".join(f"{MODE_TITLES[m]} {c}" for m, c in zip(modes, counts)) + f" of {len(group)})"
+            elif counts[0] < len(group):
+                cell += f" ({counts[0]} of {len(group)})"
+            row.append(cell)
+        body.append(row)
+    return head, body, {k: [r["shape"]["name"] for r in rows_of[k]] for k in kinds}
+
+
+def fmt_check(ratio: float, limit: float, ok: bool) -> str:
+    """`ratio <= limit` or `ratio > limit`, the operator from the outcome and as many digits as it takes for the
+    printed ratio to stand on the printed side of the limit (1.1516 against 1.15 prints `1.152 > 1.15`)."""
+    for digits in range(3, 16):
+        shown = f"{ratio:.{digits}f}"
+        if (float(shown) <= limit) == ok:
+            break
+    return f"{shown} {'<=' if ok else '>'} {limit}"
 
 
 def banner(data: dict) -> list:
@@ -142,15 +221,19 @@ def geomean_lines(data: dict, mode: str) -> list:
         label = "A/B legacy/auto (dispatch speedup)" if key == "ab" else f"{key[3:]} / {OURS} (our speedup)"
         groups = ", ".join(f"{k} {x:.3f}" for k, x in v["by_group"].items())
         out.append(f"geomean {mode} {label}: {v['all']:.3f} over {v['n']} shapes  ({groups})")
-    for c in data.get("checks", []):
-        if c["check"].endswith(f"({mode})"):
-            out.append(f"check {c['check']}: {c['ratio']:.3f} <= {c['limit']} -> {'PASS' if c['pass'] else 'FAIL'}")
+    out += check_lines(data, mode)
     return out
+
+
+def check_lines(data: dict, mode: str = None) -> list:
+    """One line per check (of `mode`, or all): the gated row's time over its ungated twin's, at most the limit."""
+    return [f"check {c['check']}: {fmt_check(c['ratio'], c['limit'], c['pass'])} -> {'PASS' if c['pass'] else 'FAIL'}"
+            for c in data.get("checks", []) if mode is None or c["check"].endswith(f"({mode})")]
 
 
 def render(data: dict, mode: str, markdown: bool = False, with_banner: bool = True) -> str:
     head, body = rows(data, mode)
-    title = f"{mode} ({ {'bwd': 'backward alone', 'fwdbwd': 'forward and backward'}.get(mode, 'forward')})"
+    title = f"{mode} ({MODE_TITLES.get(mode, mode)})"
     parts = banner(data) if with_banner else []
     skipped = {}
     for r in data.get("results", []):

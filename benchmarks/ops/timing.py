@@ -1,11 +1,12 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """Timing: CUDA events with an L2 flush before every iteration, interleaved candidates, summary statistics.
 
+The one timing method of this repository: the runner (`benchmarks.ops.run`), the pytest-benchmark entry point
+(`benchmarks/ops/bench_pytest.py`, flush and synchronize) and `scripts/tune_attn.py` (`median_us`) all time here.
 On a machine without CUDA (the `--smoke` self-test) the same code times with time.perf_counter; such numbers
 are labelled as not performance numbers by the runner.
 """
 
-import math
 import statistics
 import time
 from typing import Callable, Dict, List
@@ -84,14 +85,19 @@ def interleaved(timer: Timer, cands: Dict[str, Callable], rounds: int, iters: in
     return per_round
 
 
-def percentile(xs: List[float], p: float) -> float:
-    """Linear-interpolated percentile, p in [0, 100]."""
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+def median_us(fn: Callable, device, iters: int = 50, timer: Timer = None) -> float:
+    """Median microseconds of `iters` calls of fn after the warm-up (the runner's method for a single candidate:
+    CUDA events, an L2 flush before every call). `timer` reuses a Timer (and its flush buffer)."""
+    timer = timer or Timer(torch.device(device))
+    timer.warmup(fn)
+    return statistics.median(timer.block(fn, iters))
+
+
+def percentile(xs: List[float], p: int) -> float:
+    """Linear-interpolated percentile (numpy's default), integer p in [1, 99]; nan for no data."""
+    if len(xs) < 2:
+        return float(xs[0]) if xs else float("nan")
+    return statistics.quantiles(xs, n=100, method="inclusive")[p - 1]
 
 
 def summarize(samples: List[float]) -> dict:
@@ -120,8 +126,9 @@ def ratio_stats(ratios: List[float]) -> dict:
 
 
 def geomean(xs: List[float]) -> float:
+    """Geometric mean of the positive, finite values (nan when there are none)."""
     xs = [x for x in xs if x and x > 0 and x == x]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+    return statistics.geometric_mean(xs) if xs else float("nan")
 
 
 def wall_median_us(fn: Callable, sync: Callable, calls: int, repeats: int) -> List[float]:

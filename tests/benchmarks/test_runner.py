@@ -6,6 +6,7 @@ Runs on a CPU-only machine (the smoke run goes through Triton's interpreter) in 
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -179,6 +180,37 @@ def test_aggregate_and_checks():
     assert "GATE RED" in red and "A/B legacy/auto (dispatch" not in red and "(1.50x)" not in red
 
 
+def test_row_kinds_answer_and_check_wording():
+    kinds = {s.name: summary.row_kind(s.as_dict()) for s in registry.SHAPES}
+    assert kinds["g8-T8192"] == kinds["ctl-K128-V64-g8-T2048"] == "dense GQA" and kinds["mha-long"] == "MHA"
+    assert kinds["mha-short"] == kinds["gqa4-short"] == "short (T<=512)" and kinds["g8-T8192-W512"] == "windowed"
+    assert kinds["g8-T8192-gated"] == "gated" and kinds["varlen-gated-8192"] == "varlen"
+    assert kinds["ctl-fp32-g8-T2048"] == "fp32" and set(kinds.values()) == set(summary.KINDS)
+    data = synthetic()
+    head, body, groups = summary.answer(data)
+    assert head[0] == "peer" and [r[0] for r in body] == ["fa3", "flex"]  # no fla_bwd[legacy]
+    assert groups == {"dense GQA": ["g8-T8192"], "short (T<=512)": ["mha-short"], "gated": ["g8-T8192-gated"]}
+    assert data["geomean"]["bwd"]["vs:flex"]["by_kind"] == pytest.approx({k: 1.5 for k in groups})
+    assert summary.answer(synthetic(gate="red"))[1] == []
+    # a pass/fail line never reads as a contradiction: the operator follows the outcome, the digits the limit
+    for ratio, ok, want in ((1.1516062327247014, False, "1.152 > 1.15"), (1.0880878, True, "1.088 <= 1.15"),
+                            (1.15004, False, "1.15004 > 1.15"), (1.1500, True, "1.150 <= 1.15")):
+        assert summary.fmt_check(ratio, 1.15, ok) == want
+        shown, op, _ = want.split()
+        assert (float(shown) <= 1.15) == (op == "<=") == ok
+
+
+def test_percentile_and_unequal_split_from_the_standard_library():
+    xs = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
+    s = sorted(xs)
+    for p in (10, 20, 50, 80, 90):  # linear interpolation between order statistics (numpy's default)
+        k = (len(s) - 1) * p / 100
+        assert timing.percentile(xs, p) == pytest.approx(s[int(k)] + (s[min(int(k) + 1, 5)] - s[int(k)]) * (k % 1))
+    assert timing.percentile([7.0], 20) == 7.0
+    assert unequal_split(8192, 4, 7) == unequal_split(8192, 4, 7) != unequal_split(8192, 4, 8)
+    assert registry.get_shape("varlen-gated-8192").seqlens() == [2227, 869, 1233, 3863]  # pinned: the record's
+
+
 def test_report_on_synthetic_json(tmp_path):
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(synthetic()))
@@ -189,8 +221,13 @@ def test_report_on_synthetic_json(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "out" / "summary.md").read_text()
-    assert "| g8-T8192 |" in md and "## bwd (backward alone)" in md and "NVIDIA H200" in md
-    png = (tmp_path / "out" / "bwd_tflops.png").read_bytes()
+    assert re.search(r"\| g8-T8192 +\|", md) and "## bwd (backward alone)" in md and "NVIDIA H200" in md
+    # the answer comes first: the peer-by-kind table before the run and the detail tables
+    assert md.index("## Answer") < md.index("## Run") < md.index("## bwd (backward alone)")
+    assert re.search(r"\| flex +\| 1\.50 / 1\.50 +\| 1\.50 / 1\.50 +\|", md)  # all rows, then dense GQA
+    assert re.search(r"\| fa3 +\| 0\.80 / 0\.80 \(2 of 3\) +\| 0\.80 / 0\.80 +\| n/a +\|", md)  # short: n/a
+    assert "fla_bwd[legacy]" not in md[: md.index("## Run")]  # the internal A/B variant is no peer
+    png = (tmp_path / "out" / "peer_ratios.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert proc.stdout.rstrip().splitlines()[-1].startswith("check gated/ungated")  # bwd table printed last
     bad = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "report.py"), str(tmp_path / "nope.json")],
@@ -249,6 +286,7 @@ def test_smoke_run(tmp_path):
     assert "NOT A PERFORMANCE NUMBER" in proc.stdout and "GATE SKIPPED" in proc.stdout
     data = json.loads(out.read_text())
     assert data["smoke"] and data["gate"]["skipped"] and not data["partial"]
+    assert "torch_version" in data["env"]["collect_env"] and "\n" not in str(data["env"]["driver"] or "")
     by = {r["shape"]["name"]: r for r in data["results"]}
     assert set(by["smoke"]["modes"]) == {"fwd", "bwd", "fwdbwd"} and set(by["smoke-varlen-gated"]["modes"]) == {"bwd"}
     for r in data["results"]:
