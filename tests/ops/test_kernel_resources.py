@@ -2,11 +2,20 @@
 """Every kernel, at every tile-config class the launchers use, compiles for sm_90 (Hopper) and fits in the shared
 memory one block may use there. Runs on a CPU machine (Triton compiles for a target without a GPU), in a
 subprocess because the suite itself runs under the interpreter. Catches a config that only fails on the GPU: fp32
-at D = 128 once asked for 256 KB in the forward."""
+at D = 128 once asked for 256 KB in the forward.
+
+The slowest tests of the CPU suite: 36 kernels a dtype, ~2.5 min each on 2 idle cores with a cold Triton cache
+(seconds with a warm one). `scripts/compile_sm90.py` prints a line as each kernel is done, in a fixed order; the
+test fails only when no line has come for a while (a hang, not a slow machine: the allowance grows with the load
+average), says which kernel was reported last (the next ones were compiling), and always kills the script's whole
+process group (its spawn workers and their ptxas processes too), so nothing outlives the test."""
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -17,14 +26,69 @@ import fla_bwd.ops.attn.parallel  # noqa: F401
 pytest.importorskip("triton.backends.nvidia")
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "compile_sm90.py")
+# Seconds without a new line from the script before it counts as hung. One kernel takes ~10 s on an idle core; the
+# allowance is this times max(1, load average / cores). FLA_BWD_COMPILE_STALL_S overrides it.
+STALL_S = 300.0
+
+
+def stall_allowance() -> float:
+    if os.environ.get("FLA_BWD_COMPILE_STALL_S"):
+        return float(os.environ["FLA_BWD_COMPILE_STALL_S"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return STALL_S * max(1.0, os.getloadavg()[0] / cores)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group the script leads (its own session): the script, its workers, their ptxas."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def run_watched(cmd: list, env: dict) -> tuple:
+    """(exit status, output lines) of `cmd`, stdout and stderr merged. Fails the test, naming the last kernel
+    reported, when no line comes within `stall_allowance()` seconds."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines, last = [], [time.monotonic()]
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            last[0] = time.monotonic()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        while proc.poll() is None:
+            allowance = stall_allowance()
+            if time.monotonic() - last[0] > allowance:
+                # The script reports kernels in a fixed order (D, then fwd/dq/dkv_per_query_head/dkv_per_kv_head,
+                # each [inline]/[flag]/[fixup]): the ones compiling are the next after the last reported.
+                done = [ln.split("{")[0].strip() for ln in lines if ln.startswith("D=") and "smem" in ln]
+                pytest.fail(f"compile_sm90.py printed nothing for {allowance:.0f} s (load {os.getloadavg()[0]:.1f}); "
+                            f"killed its process group. "
+                            + (f"{len(done)} kernels reported, the last {done[-1]}: the next ones in order were "
+                               "compiling.\n" if done else "No kernel reported: the first ones were compiling.\n")
+                            + "\n".join(lines[-20:]), pytrace=False)
+            time.sleep(0.5)
+        reader.join(timeout=10)
+        return proc.returncode, lines
+    finally:
+        kill_group(proc)  # also after a normal exit: no worker may be left behind
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_kernels_fit_hopper_shared_memory(dtype):
+    """Compile every kernel for sm_90 with `dtype` inputs (scripts/compile_sm90.py --check-smem, 2 processes) and
+    check each fits Hopper's 227 KB of shared memory per block."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # Two compile processes: 36 kernels per dtype take ~2.5 min in one on CI's 2 cores.
-    proc = subprocess.run([sys.executable, SCRIPT, "--dims", "64,128,256", "--dtype", dtype, "--check-smem",
-                           "--jobs", "2"], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rc, lines = run_watched([sys.executable, SCRIPT, "--dims", "64,128,256", "--dtype", dtype, "--check-smem",
+                             "--jobs", "2"], env)
+    out = "\n".join(lines)
+    assert rc == 0, out[-4000:]
     # 4 kernels x 3 CONTAIN modes (see `_launch_contained`) x 3 head dims, each reported
-    assert proc.stdout.count("smem") == 36, proc.stdout
+    assert out.count("smem") == 36, out
