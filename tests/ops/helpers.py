@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICE, assert_close
 
-import fla_bwd.ops.attn.parallel as parallel_module
+import fla_bwd.ops.attn.host as host_module
 from fla_bwd.ops.attn import naive_parallel_attn, parallel_attn
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -184,17 +184,17 @@ def check_against_oracle(case: Case, x: Optional[Inputs] = None, fn: Optional[Ca
 
 
 class DkvSpy:
-    """Records the `path` argument of every dK/dV launch (`attn_bwd_dkv`) during a test."""
+    """Records the name of the kernel of every dK/dV launch (`host.attn_bwd_dkv`) during a test."""
 
     def __init__(self, monkeypatch):
         self.paths = []
-        original = parallel_module.attn_bwd_dkv
+        original = host_module.attn_bwd_dkv
 
         def spy(*args, **kwargs):
-            self.paths.append(kwargs["path"] if "path" in kwargs else args[-1])
+            self.paths.append((kwargs["kernel"] if "kernel" in kwargs else args[-1]).name)
             return original(*args, **kwargs)
 
-        monkeypatch.setattr(parallel_module, "attn_bwd_dkv", spy)
+        monkeypatch.setattr(host_module, "attn_bwd_dkv", spy)
 
 
 def run_isolated(module: str, func: str, *args, timeout: float = 600) -> None:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICE
 
-import fla_bwd.ops.attn.parallel as parallel_module
+import fla_bwd.ops.attn.host as host_module
 from fla_bwd.ops.attn import parallel_attn
 
 B, T, HQ, H, K, V = 1, 8, 4, 2, 16, 16
@@ -30,7 +30,7 @@ def no_kernel_runs(monkeypatch):
         raise AssertionError("validation let a bad input through: a launcher or an allocation started")
 
     for name in ("attn_fwd", "gate_cumsum", "attn_bwd_dq", "attn_bwd_dkv", "empty"):
-        monkeypatch.setattr(parallel_module, name, forbidden)
+        monkeypatch.setattr(host_module, name, forbidden)
 
 
 def _raises(exc, match, *args, **kwargs):

@@ -91,10 +91,10 @@ def test_gqa_path_matches_oracle(case, spy, auto_env):
     picked = select_dkv_kernel(x.q, x.k, x.v, case.window, x.cu_seqlens)
     if case in CPU_CASES:
         # In the bucket and small (on the GPU no program's critical path exceeds 64 query blocks): always "gqa".
-        assert picked == "gqa", "this case is in the gqa bucket"
+        assert picked.name == "gqa", "this case is in the gqa bucket"
     else:
         # Large GPU shapes: the load-balance rule may keep "legacy" (test_dispatch_load_balance_rule_on_gpu).
-        assert picked in ("gqa", "gqa-split2", "gqa-split4", "legacy")
+        assert picked.name in ("gqa", "gqa-split2", "gqa-split4", "per-query-head")
     with dkv_path("gqa"):
         check_against_oracle(case, x)
     assert spy.paths == ["gqa"]
@@ -138,7 +138,7 @@ def test_gqa_path_through_auto_dispatch(case, spy, auto_env):
 @pytest.mark.parametrize("G", [2, 4, 8])
 def test_dispatch_picks_gqa(G, D, dtype, auto_env):
     for H in (1, 3):
-        assert select_dkv_kernel(*_tensors(G * H, H, D, dtype=dtype)) == "gqa"
+        assert select_dkv_kernel(*_tensors(G * H, H, D, dtype=dtype)).name == "gqa"
 
 
 @pytest.mark.parametrize(
@@ -161,15 +161,15 @@ def test_dispatch_picks_gqa(G, D, dtype, auto_env):
     ],
 )
 def test_dispatch_picks_legacy(HQ, H, K, V, dtype, auto_env):
-    assert select_dkv_kernel(*_tensors(HQ, H, K, V, dtype)) == "legacy"
+    assert select_dkv_kernel(*_tensors(HQ, H, K, V, dtype)).name == "per-query-head"
 
 
 def test_dispatch_off_gpu_ignores_load_balance(auto_env):
     """Off the GPU the bucket always takes "gqa", whatever the shape (meta tensors: nothing is allocated)."""
     q = torch.empty(1, 4096, 32, 128, dtype=bf16, device="meta")
     k = torch.empty(1, 4096, 4, 128, dtype=bf16, device="meta")
-    assert select_dkv_kernel(q, k, k) == "gqa"
-    assert select_dkv_kernel(q, k, k, 1000) == "gqa"
+    assert select_dkv_kernel(q, k, k).name == "gqa"
+    assert select_dkv_kernel(q, k, k, 1000).name == "gqa"
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the load-balance rule applies only to GPU tensors")
@@ -180,11 +180,11 @@ def test_dispatch_load_balance_rule_on_gpu(auto_env):
     def pick(B, T, HQ, H, W=None):
         q = torch.empty(B, T, HQ, 128, dtype=bf16, device=DEVICE)
         k = torch.empty(B, T, H, 128, dtype=bf16, device=DEVICE)
-        return select_dkv_kernel(q, k, k, W)
+        return select_dkv_kernel(q, k, k, W).name
     assert pick(1, 4096, 32, 4) == "gqa-split2"
     assert pick(2, 2048, 32, 4) == "gqa-split2"
     assert pick(1, 8192, 8, 1) == "gqa-split4"
-    assert pick(1, 8192, 2, 1) == "legacy"
+    assert pick(1, 8192, 2, 1) == "per-query-head"
     assert pick(2, 2048, 32, 8) == "gqa"
     assert pick(1, 8192, 32, 4) == "gqa"
     assert pick(1, 390, 32, 4) == "gqa"
@@ -195,27 +195,28 @@ def test_dispatch_overrides(monkeypatch):
     gqa_bucket, legacy_bucket = _tensors(8, 2, 64), _tensors(4, 4, 64)
     monkeypatch.delenv("FLA_BWD_DKV_PATH", raising=False)
     with dkv_path("legacy"):
-        assert select_dkv_kernel(*gqa_bucket) == "legacy"
+        assert select_dkv_kernel(*gqa_bucket).name == "per-query-head"
         with dkv_path("gqa"):
-            assert select_dkv_kernel(*legacy_bucket) == "gqa"
-        assert select_dkv_kernel(*legacy_bucket) == "legacy"
+            assert select_dkv_kernel(*legacy_bucket).name == "gqa"
+        assert select_dkv_kernel(*legacy_bucket).name == "per-query-head"
     with dkv_path("auto"):
-        assert select_dkv_kernel(*gqa_bucket) == "gqa"
-        assert select_dkv_kernel(*legacy_bucket) == "legacy"
+        assert select_dkv_kernel(*gqa_bucket).name == "gqa"
+        assert select_dkv_kernel(*legacy_bucket).name == "per-query-head"
     # The environment variable sets the process-wide default, both ways; `dkv_path` overrides it, both ways.
     monkeypatch.setenv("FLA_BWD_DKV_PATH", "gqa")
-    assert select_dkv_kernel(*legacy_bucket) == "gqa"
+    assert select_dkv_kernel(*legacy_bucket).name == "gqa"
     with dkv_path("legacy"):
-        assert select_dkv_kernel(*gqa_bucket) == "legacy"
+        assert select_dkv_kernel(*gqa_bucket).name == "per-query-head"
     with dkv_path("auto"):
-        assert select_dkv_kernel(*legacy_bucket) == "legacy", "dkv_path('auto') is the dispatch, over the env"
+        assert select_dkv_kernel(*legacy_bucket).name == "per-query-head", \
+            "dkv_path('auto') is the dispatch, over the env"
     monkeypatch.setenv("FLA_BWD_DKV_PATH", "legacy")
-    assert select_dkv_kernel(*gqa_bucket) == "legacy"
+    assert select_dkv_kernel(*gqa_bucket).name == "per-query-head"
     with dkv_path("gqa"):
-        assert select_dkv_kernel(*legacy_bucket) == "gqa"
+        assert select_dkv_kernel(*legacy_bucket).name == "gqa"
     monkeypatch.setenv("FLA_BWD_DKV_PATH", "auto")
-    assert select_dkv_kernel(*gqa_bucket) == "gqa"
-    assert select_dkv_kernel(*legacy_bucket) == "legacy"
+    assert select_dkv_kernel(*gqa_bucket).name == "gqa"
+    assert select_dkv_kernel(*legacy_bucket).name == "per-query-head"
 
 
 def test_dispatch_invalid_names(monkeypatch):
@@ -230,10 +231,10 @@ def test_dispatch_invalid_names(monkeypatch):
     with pytest.raises(ValueError, match="FLA_BWD_DKV_PATH"):
         select_dkv_kernel(*_tensors(8, 2, 64))
     with dkv_path("gqa"):  # the context manager wins over a bad environment value
-        assert select_dkv_kernel(*_tensors(8, 2, 64)) == "gqa"
+        assert select_dkv_kernel(*_tensors(8, 2, 64)).name == "gqa"
     # A failed `with dkv_path(...)` leaves no override behind.
     monkeypatch.delenv("FLA_BWD_DKV_PATH")
-    assert select_dkv_kernel(*_tensors(4, 4, 64)) == "legacy"
+    assert select_dkv_kernel(*_tensors(4, 4, 64)).name == "per-query-head"
 
 
 def test_env_var_override_runs_that_kernel(monkeypatch, spy):
@@ -243,7 +244,7 @@ def test_env_var_override_runs_that_kernel(monkeypatch, spy):
     check_against_oracle(case)
     monkeypatch.setenv("FLA_BWD_DKV_PATH", "gqa")
     check_against_oracle(Case(B=1, T=40, HQ=2, H=2, K=60, dtype=f32, gate=True))
-    assert spy.paths == ["legacy", "gqa"]
+    assert spy.paths == ["per-query-head", "gqa"]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ LEGACY_AUTO = [
 @pytest.mark.parametrize("case", params(LEGACY_AUTO))
 def test_legacy_path_through_auto_dispatch(case, spy, auto_env):
     check_against_oracle(case)
-    assert spy.paths == ["legacy"]
+    assert spy.paths == ["per-query-head"]
 
 
 GQA_FORCED_ON_LEGACY_BUCKETS = [
@@ -278,7 +279,7 @@ GQA_FORCED_ON_LEGACY_BUCKETS = [
 @pytest.mark.parametrize("case", params(GQA_FORCED_ON_LEGACY_BUCKETS))
 def test_gqa_path_forced_on_legacy_bucket(case, spy, auto_env):
     x = make_inputs(case)
-    assert select_dkv_kernel(x.q, x.k, x.v) == "legacy"
+    assert select_dkv_kernel(x.q, x.k, x.v).name == "per-query-head"
     with dkv_path("gqa"):
         check_against_oracle(case, x)
     assert spy.paths == ["gqa"]
@@ -289,7 +290,7 @@ def test_legacy_path_forced_on_gqa_bucket(spy, auto_env):
                 cu_seqlens=(0, 17, 18, 80))
     with dkv_path("legacy"):
         check_against_oracle(case)
-    assert spy.paths == ["legacy"]
+    assert spy.paths == ["per-query-head"]
 
 
 # ------------------------------------------------------------------------------------------------------------

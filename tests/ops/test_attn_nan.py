@@ -7,7 +7,7 @@ non-finite q, k, v or do row (or the lse/delta of a row that depends on one) wou
 that cannot see it. The kernels' masked blocks (`MASK=True` in fla_bwd/ops/attn/inner.py) with SAFE mask after
 the arithmetic and zero non-finite operand rows (`finite_rows`, `row_flags`); in unmasked blocks every row depends
 on every key, so NaN spreading there is correct. SAFE runs only for tiles whose plain computation gave a non-finite
-output, either in the same launch or in a second one (`_launch_contained`); every case runs both ways.
+output, either in the same launch or in a second one (`host.launch_contained`); every case runs both ways.
 """
 
 import math
@@ -138,15 +138,17 @@ def test_nan_with_sink(which, containment, monkeypatch):
 def test_containment_choice(monkeypatch):
     """Calls too small for a second launch to pay contain inline (one launch), larger ones with a second launch;
     the override is checked."""
-    from fla_bwd.ops.attn.parallel import containment
+    from fla_bwd.ops.attn.host import contain_inline
 
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
-    assert containment(B=1, HQ=8, T=512, W=512, D=128) == "inline"  # 2**28
-    assert containment(B=4, HQ=32, T=512, W=512, D=128) == "two-launch"  # the registry's mha-short row
-    assert containment(B=2, HQ=32, T=2048, W=2048, D=128) == "two-launch"  # gqa4-long
-    assert containment(B=1, HQ=32, T=16384, W=256, D=128) == "two-launch"  # g8-T16384-W256
+    assert contain_inline(B=1, HQ=8, T=512, W=512, D=128)  # 2**28
+    assert not contain_inline(B=4, HQ=32, T=512, W=512, D=128)  # the registry's mha-short row
+    assert not contain_inline(B=2, HQ=32, T=2048, W=2048, D=128)  # gqa4-long
+    assert not contain_inline(B=1, HQ=32, T=16384, W=256, D=128)  # g8-T16384-W256
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
-    assert containment(B=1, HQ=32, T=16384, W=256, D=128) == "inline"
+    assert contain_inline(B=1, HQ=32, T=16384, W=256, D=128)
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    assert not contain_inline(B=1, HQ=8, T=512, W=512, D=128)
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "fast")
     with pytest.raises(ValueError, match="FLA_BWD_CONTAINMENT"):
-        containment(B=1, HQ=1, T=1, W=1, D=1)
+        contain_inline(B=1, HQ=1, T=1, W=1, D=1)

@@ -1,5 +1,6 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 from fla_bwd.ops.attn.naive import naive_parallel_attn
-from fla_bwd.ops.attn.parallel import dkv_path, parallel_attn, select_dkv_kernel
+from fla_bwd.ops.attn.parallel import DkvKernel, parallel_attn, select_dkv_kernel
+from fla_bwd.settings import dkv_path
 
-__all__ = ["dkv_path", "naive_parallel_attn", "parallel_attn", "select_dkv_kernel"]
+__all__ = ["DkvKernel", "dkv_path", "naive_parallel_attn", "parallel_attn", "select_dkv_kernel"]

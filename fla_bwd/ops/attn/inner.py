@@ -6,11 +6,10 @@ Positions (`o_t`, `o_s`, `i_t`, `i_s`) are int32 token positions inside one sequ
 an int64 base pointer (`*_base`, already moved to the sequence start and head) plus `position * stride` computed
 in int64, so no address overflows when a tensor passes 2**31 elements.
 
-Scores are kept in base-2 units: `qk_scale = scale * log2(e)`, the gate's cumulative sum G arrives already
+Scores are kept in base-2 units: `qk_scale = scale * log2(e)`, the gate's cumulative sum gc arrives already
 multiplied by log2(e), and the softmax uses `exp2`; the saved log-sum-exp `lse` is in the same base-2 units.
-Each score adds the gate difference (G_i - G_j) as one per-element subtraction of the two fp32 cumsums. Folding
-the row term G_i into lse instead (one op less per element) was tried and rejected: G grows like the sequence
-length (|G| ~ 1e4 at T = 16k), and the fold rounds at that magnitude, while G_i - G_j of nearby tokens is exact.
+Each score adds the gate difference (gc_i - gc_j) as one per-element subtraction of the two fp32 cumsums, not
+folded into lse: gc grows like the sequence length, and the fold would round at that magnitude (PERF.md #6).
 
 Every loop over key (forward, dQ) or query (dK/dV) blocks is split in three ranges by the `*_ranges` helpers:
 blocks that need the window mask, blocks every row sees whole (no mask at all), and the causal diagonal. The block
@@ -26,7 +25,7 @@ import triton.language as tl
 LOG2E = tl.constexpr(1.4426950408889634)
 
 # How a kernel keeps a NaN/Inf input to the outputs that depend on it: its `CONTAIN` constexpr (see `any_nonfinite`
-# and `parallel._launch_contained`, which picks one per call).
+# and `host.launch_contained`, which picks one per call).
 INLINE = tl.constexpr(0)  # one launch: a program whose outputs are not finite computes its tile again with SAFE
 FLAG = tl.constexpr(1)  # first of two launches: plain tiles; each program stores whether its outputs are not finite
 FIXUP = tl.constexpr(2)  # second launch: only the flagged programs run, with SAFE, and overwrite their outputs
@@ -63,7 +62,7 @@ def query_tile(B, T, cu_seqlens, chunk_indices, HQ: tl.constexpr, G: tl.constexp
     i_bh, i_t = program_ids(B * HQ)
     i_t = tl.num_programs(0) // (B * HQ) - 1 - i_t
     i_b, i_hq = i_bh // HQ, i_bh % HQ
-    i_t, bos, T = sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    i_t, bos, T = sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN=IS_VARLEN)
     o_t = i_t * BT + tl.arange(0, BT)
     return i_hq, i_hq // G, bos, T, i_t * BT, o_t, o_t < T
 
@@ -76,7 +75,7 @@ def key_tile(B, T, cu_seqlens, chunk_indices, NH: tl.constexpr, BT: tl.constexpr
     i_bh, i_tile = program_ids(B * NH)
     num_tiles = tl.num_programs(0) // (B * NH)
     i_b, i_head = i_bh // NH, i_bh % NH
-    i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN=IS_VARLEN)
     o_s = i_t * BT + tl.arange(0, BT)
     return i_head, i_b * num_tiles + i_tile, B * num_tiles, bos, T, i_t * BT, o_s, o_s < T
 
@@ -137,19 +136,18 @@ def any_nonfinite(b_x):
     Every kernel computes its tile first without the NaN/Inf containment of the masked blocks (SAFE=False: the
     masked zeros of P and dS simply multiply their operands) and tests its outputs with this; only a tile with a
     non-finite output is computed again with SAFE=True, in the same program or in a second launch (the kernels'
-    CONTAIN modes INLINE, FLAG and FIXUP; `parallel._launch_contained` picks). This is exact: the plain pass can
+    CONTAIN modes INLINE, FLAG and FIXUP; `host.launch_contained` picks). This is exact: the plain pass can
     only add NaN (0 * NaN, 0 * Inf) to what the contained pass computes, never remove one, so finite outputs of the
-    plain pass are the contained result. Containment inside every masked block instead cost 20-27% of the
-    backward on the H200's windowed T = 16384 rows and 12% of the forward (PERF.md #15): the zeroed operands
-    left the shared-memory path of the matrix products and raised the spills."""
+    plain pass are the contained result. Containment inside every masked block instead slowed the loops: the
+    zeroed operands left the shared-memory path of the matrix products and raised the spills (PERF.md #15)."""
     return tl.sum(row_flags(b_x), 0) != 0
 
 
 @triton.jit
 def key_gate(gk_base, i_s, T, BS: tl.constexpr, USE_G: tl.constexpr):
-    """The gate's G of keys [i_s, i_s + BS), or a scalar 0 without gates. Loaded one block ahead by the loops:
-    Triton's pipeliner stages only the tile loads that feed dots, so a small vector load used in the same iteration
-    stalls it on a global-memory round trip."""
+    """The gate's cumsum gc of keys [i_s, i_s + BS), or a scalar 0 without gates. Loaded one block ahead by the
+    loops: Triton's pipeliner stages only the tile loads that feed dots, so a small vector load used in the same
+    iteration stalls it on a global-memory round trip."""
     if USE_G:
         o_s = i_s + tl.arange(0, BS)
         return tl.load(gk_base + o_s, mask=o_s < T, other=0)
@@ -190,15 +188,15 @@ def fwd_block(
     USE_G: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
 ):
     """One key block of the online softmax: fold keys [i_s, i_s + BS) into (b_o, b_m, b_l). With gates, b_gk is
-    this block's key-side G, loaded one block ahead (see `key_gate`); the next block's is returned. FULL: every key
+    this block's key-side gc, loaded one block ahead (see `key_gate`); the next block's is returned. FULL: every key
     of the block exists (see `load_rows`). SAFE: keep non-finite inputs out of the rows that do not depend on them
     (see `any_nonfinite`)."""
-    b_gk_next = key_gate(gk_base, i_s + BS, T, BS, USE_G)
+    b_gk_next = key_gate(gk_base, i_s + BS, T, BS=BS, USE_G=USE_G)
     o_s = i_s + tl.arange(0, BS)
     # [BK, BS]
-    b_kt = load_rows(k_base, o_s, T, stride_k, K, BK, FULL, TRANS=True)
+    b_kt = load_rows(k_base, o_s, T, stride_k, N=K, BN=BK, FULL=FULL, TRANS=True)
     # [BS, BV]
-    b_v = load_rows(v_base, o_s, T, stride_v, V, BV, FULL)
+    b_v = load_rows(v_base, o_s, T, stride_v, N=V, BN=BV, FULL=FULL)
     # [BT, BS]
     b_s = tl.dot(b_q, b_kt, input_precision=DOT_PREC) * qk_scale
     if USE_G:
@@ -232,27 +230,26 @@ def fwd_tile(
 ):
     """The forward's key loop for the query tile [t0, t0 + BT) over the three `key_ranges`: (o unnormalised,
     running max m, running sum l). Its loads keep their row masks (FULL=False) even where the blocks are full: at
-    128 x 128 tiles on 8 warps the unmasked loads cut the loops' instructions (2035 / 1998 -> 1769 / 1834) but
-    raised their spills (STL 33 / 98 -> 91 / 232, `compile_sm90.py --loops`); untimed either way."""
+    these tiles the unmasked loads cut the loops' instructions but raised their spills (PERF.md #22)."""
     # [BT, BV]
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BT], dtype=tl.float32)
-    lo, mid, end = key_ranges(t0, T, W, BT, BS)
+    lo, mid, end = key_ranges(t0, T, W, BT=BT, BS=BS)
     # The three ranges are consecutive BS-blocks from lo, so the one-ahead gate prefetch runs across them.
-    b_gk = key_gate(gk_base, lo, T, BS, USE_G)
+    b_gk = key_gate(gk_base, lo, T, BS=BS, USE_G=USE_G)
     for i_s in range(lo, mid, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
-            stride_k, stride_v, K, V, BS, BK, BV, USE_G, True, False, DOT_PREC, SAFE)
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, stride_k, stride_v,
+            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
     for i_s in range(mid, t0, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
-            stride_k, stride_v, K, V, BS, BK, BV, USE_G, False, False, DOT_PREC, SAFE)
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, stride_k, stride_v,
+            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
     for i_s in range(t0, end, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
-            stride_k, stride_v, K, V, BS, BK, BV, USE_G, True, False, DOT_PREC, SAFE)
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, stride_k, stride_v,
+            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
     return b_o, b_m, b_l
 
 
@@ -271,12 +268,12 @@ def dq_block(
     b_pdp is accumulated (two of the three products). With REFINE_DELTA and gates it also accumulates, over the
     keys other than the query itself, b_off_pdp += rowsum(P * dP) and b_off_p += rowsum(P) (see `dkv_one_head`).
     b_gk as in `fwd_block`."""
-    b_gk_next = key_gate(gk_base, i_s + BS, T, BS, USE_G)
+    b_gk_next = key_gate(gk_base, i_s + BS, T, BS=BS, USE_G=USE_G)
     o_s = i_s + tl.arange(0, BS)
     # [BS, BK]
-    b_k = load_rows(k_base, o_s, T, stride_k, K, BK, FULL)
+    b_k = load_rows(k_base, o_s, T, stride_k, N=K, BN=BK, FULL=FULL)
     # [BS, BV]
-    b_v = load_rows(v_base, o_s, T, stride_v, V, BV, FULL)
+    b_v = load_rows(v_base, o_s, T, stride_v, N=V, BN=BV, FULL=FULL)
     # [BT, BS]
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
     if USE_G:
@@ -326,30 +323,33 @@ def dq_tile(
     b_pdp = tl.zeros([BT], dtype=tl.float32)
     b_off_pdp = tl.zeros([BT], dtype=tl.float32)
     b_off_p = tl.zeros([BT], dtype=tl.float32)
-    lo, mid, end = key_ranges(t0, T, W, BT, BS)
-    b_gk = key_gate(gk_base, lo, T, BS, USE_G)
+    lo, mid, end = key_ranges(t0, T, W, BT=BT, BS=BS)
+    b_gk = key_gate(gk_base, lo, T, BS=BS, USE_G=USE_G)
     for i_s in range(lo, mid, BS):
         b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t,
-            i_s, T, W, qk_scale, stride_k, stride_v, K, V, BS, BK, BV, REFINE_DELTA, True, True, DOT_PREC, USE_G,
-            COMPUTE_DQ, SAFE)
+            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s,
+            T, W, qk_scale, stride_k, stride_v,
+            K=K, V=V, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, MASK=True, FULL=True, DOT_PREC=DOT_PREC,
+            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE)
     for i_s in range(mid, t0, BS):
         b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t,
-            i_s, T, W, qk_scale, stride_k, stride_v, K, V, BS, BK, BV, REFINE_DELTA, False, True, DOT_PREC, USE_G,
-            COMPUTE_DQ, SAFE)
+            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s,
+            T, W, qk_scale, stride_k, stride_v,
+            K=K, V=V, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, MASK=False, FULL=True, DOT_PREC=DOT_PREC,
+            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE)
     for i_s in range(t0, end, BS):
         b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
-            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t,
-            i_s, T, W, qk_scale, stride_k, stride_v, K, V, BS, BK, BV, REFINE_DELTA, True, False, DOT_PREC, USE_G,
-            COMPUTE_DQ, SAFE)
+            b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s,
+            T, W, qk_scale, stride_k, stride_v,
+            K=K, V=V, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, MASK=True, FULL=False, DOT_PREC=DOT_PREC,
+            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE)
     return b_dq, b_pdp, b_off_pdp, b_off_p
 
 
 @triton.jit
 def query_rows(lse_base, delta_base, gq_base, i_t, T, BS: tl.constexpr, USE_G: tl.constexpr):
     """Per-query vectors of the query block [i_t, i_t + BS): lse (+inf past the sequence end, so P is exactly 0
-    there without a mask), delta, and the gate's G (0 without gates)."""
+    there without a mask), delta, and the gate's cumsum gc (0 without gates)."""
     o_t = i_t + tl.arange(0, BS)
     m_t = o_t < T
     b_lse = tl.load(lse_base + o_t, mask=m_t, other=float("inf"))
@@ -374,12 +374,12 @@ def dkv_block(
     block's. Triton's pipeliner stages only the tile loads that feed dots, so these small vector loads would
     otherwise stall every iteration on a global-memory round trip.
     """
-    b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS, USE_G)
+    b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS, USE_G=USE_G)
     o_t = i_t + tl.arange(0, BS)
     # [BS, BK]
-    b_q = load_rows(q_base, o_t, T, stride_q, K, BK, FULL)
+    b_q = load_rows(q_base, o_t, T, stride_q, N=K, BN=BK, FULL=FULL)
     # [BS, BV]
-    b_do = load_rows(do_base, o_t, T, stride_do, V, BV, FULL)
+    b_do = load_rows(do_base, o_t, T, stride_do, N=V, BN=BV, FULL=FULL)
     # [BT, BS]
     b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC) * qk_scale
     if USE_G:
@@ -419,11 +419,12 @@ def dkv_one_head(
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
 ):
     """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
-    gate gradient dG for the tile's tokens; with a sink, write the tile's share of dsink = -sum_j p_sink_j * delta_j
-    (one partial per tile, summed on the host in a fixed order, so dsink is deterministic).
+    gradient dgc w.r.t. the gate's cumsum for the tile's tokens; with a sink, write the tile's share of
+    dsink = -sum_j p_sink_j * delta_j (one partial per tile, summed on the host in a fixed order, so dsink is
+    deterministic).
 
-    dG_j = sum_{i<j} dS_ji (j as a query) - sum_{i>j} dS_ij (j as a key). The pair (j, j) is left out of both: its
-    score does not depend on G (G_j - G_j), and its dS is a difference of two nearly equal numbers whenever j
+    dgc_j = sum_{i<j} dS_ji (j as a query) - sum_{i>j} dS_ij (j as a key). The pair (j, j) is left out of both:
+    its score does not depend on gc (gc_j - gc_j), and its dS is a difference of two nearly equal numbers whenever j
     attends mostly to itself (very negative gates: true dg ~1e-7 against a rounding error of ~1e-6). The dQ kernel
     has already stored the query side, from fp32 row sums and the fp32 delta (see `dq_block`); this stores minus the
     key side into its own buffer (`dgk_base`), and the reverse cumsum of dg adds the two (`gate_grad`): a plain store,
@@ -434,24 +435,27 @@ def dkv_one_head(
     m_s = o_s < T
     # [BT]
     b_dgk = tl.zeros([BT], dtype=tl.float32)
-    diag, hi, end = query_ranges(s0, T, W, BT, BS)
+    diag, hi, end = query_ranges(s0, T, W, BT=BT, BS=BS)
     # A partial last block (T not a multiple of BS) of the unmasked range goes to the masked one, whose mask it
     # passes whole: the unmasked loop then loads only full blocks, without per-row predicates (see `load_rows`).
     hi = tl.maximum(diag, tl.minimum(hi, T // BS * BS))
     # The three ranges are consecutive BS-blocks from s0, so the one-ahead prefetch runs across them.
-    b_lse, b_delta, b_gq = query_rows(lse_base, delta_base, gq_base, s0, T, BS, USE_G)
+    b_lse, b_delta, b_gq = query_rows(lse_base, delta_base, gq_base, s0, T, BS=BS, USE_G=USE_G)
     for i_t in range(s0, diag, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, False, DOT_PREC, SAFE)
+            o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
     for i_t in range(diag, hi, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, False, True, DOT_PREC, SAFE)
+            o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=True, DOT_PREC=DOT_PREC, SAFE=SAFE)
     for i_t in range(hi, end, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            o_s, i_t, T, W, qk_scale, stride_q, stride_do, K, V, BS, BK, BV, USE_G, True, False, DOT_PREC, SAFE)
+            o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
     if USE_SINK:
         b_lse = tl.load(lse_base + o_s, mask=m_s, other=float("inf"))
         b_delta = tl.load(delta_base + o_s, mask=m_s, other=0)

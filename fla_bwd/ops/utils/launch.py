@@ -15,28 +15,21 @@ launch-metadata dict, which only launch hooks read: 10.7 us instead of 15.6 us p
 key goes through Triton's normal path, which compiles (or finds the kernel in Triton's own cache) and returns the
 compiled kernel. The key over-approximates Triton's: a key that distinguishes too much only costs one more normal
 launch. Under the CPU interpreter every call takes the normal path (there is no compiled kernel).
-FLA_BWD_FAST_LAUNCH=0 (or `set_fast_launch(False)`) sends every call through the normal path, for A/B
-measurements or a Triton whose compiled-kernel interface differs.
+FLA_BWD_FAST_LAUNCH=0 (or `fla_bwd.settings.set_fast_launch(False)`) sends every call through the normal path, for
+A/B measurements or a Triton whose compiled-kernel interface differs.
 """
 
-import os
+import contextlib
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from fla_bwd.utils import install_interpreter_bf16_fix, is_interpreter
+from fla_bwd import settings
+from fla_bwd.utils import interpreter_bf16_fix, is_interpreter
 
 _INT32 = (-2 ** 31, 2 ** 31)
-_FAST = os.environ.get("FLA_BWD_FAST_LAUNCH", "1") != "0"
-
-
-def set_fast_launch(enabled: bool) -> None:
-    global _FAST
-    _FAST = bool(enabled)
-
-
 def _jit_function(kernel) -> JITFunction:
     """The JITFunction under any wrappers (triton.heuristics keeps it in `.fn`)."""
     while not isinstance(kernel, JITFunction):
@@ -105,25 +98,25 @@ class Launcher:
         return torch.cuda.current_device(), tuple(runtime), tuple([values[i] for i in self._const_idx]), options
 
     def __call__(self, grid: tuple, **kwargs) -> None:
-        self.run(grid, kwargs)
+        self.launch(grid, kwargs)
 
-    def run(self, grid: tuple, kwargs: dict) -> None:
+    def launch(self, grid: tuple, kwargs: dict) -> None:
         """`__call__` with the arguments as one dict, which callers that launch the same arguments twice (or add
         a few to a prepared set) pass without copying it at every call level."""
-        self.run_each(grid, kwargs, None, (None,))
+        self.launch_each(grid, kwargs, None, (None,))
 
-    def run_each(self, grid: tuple, kwargs: dict, name: Optional[str], values_of_name: tuple) -> None:
+    def launch_each(self, grid: tuple, kwargs: dict, name: Optional[str], values_of_name: tuple) -> None:
         """Launch once for each value of the constexpr parameter `name` in `values_of_name`, in order, with the
         other arguments unchanged (`name` None: launch once). The arguments are bound and keyed once: a second
         launch costs the C launcher alone (~8 us on the H200 machine's host, PERF.md #31), which is what makes a
         two-launch kernel pair cheap enough for short calls."""
-        if not _FAST or is_interpreter():
-            if is_interpreter():
-                install_interpreter_bf16_fix()  # cached: a dict lookup after the first call
-            for value in values_of_name:
-                if name is not None:
-                    kwargs[name] = value
-                self.kernel[grid](**kwargs)
+        if not settings.fast_launch() or is_interpreter():
+            # Under the interpreter, its bf16 fix applies to this package's launches only (`interpreter_bf16_fix`).
+            with interpreter_bf16_fix() if is_interpreter() else contextlib.nullcontext():
+                for value in values_of_name:
+                    if name is not None:
+                        kwargs[name] = value
+                    self.kernel[grid](**kwargs)
             return
         if not self.names:
             self._bind()
@@ -137,15 +130,16 @@ class Launcher:
         if len(values_of_name) > 1:
             index = self._index.get(name)
             if index is None or not self.constexpr[index]:
-                raise ValueError(f"run_each: {name!r} must be a constexpr parameter (the key is rebuilt for it alone)")
+                raise ValueError(f"launch_each: {name!r} must be a constexpr parameter (the key is rebuilt for it "
+                                 f"alone)")
         for n, value in enumerate(values_of_name):
             if n > 0:  # only `name` changed: it is a constexpr, so only the key's constexpr part moves
                 kwargs[name] = value
                 values[index] = value
                 key = key[:2] + (tuple([values[j] for j in self._const_idx]),) + key[3:]
-            self._launch(grid, grid3, key, kwargs, values)
+            self._launch_one(grid, grid3, key, kwargs, values)
 
-    def _launch(self, grid: tuple, grid3: tuple, key: tuple, kwargs: dict, values: list) -> None:
+    def _launch_one(self, grid: tuple, grid3: tuple, key: tuple, kwargs: dict, values: list) -> None:
         hit = self.cache.get(key)
         if hit is not None:
             compiled, direct = hit

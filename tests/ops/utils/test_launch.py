@@ -8,6 +8,7 @@ import torch
 from triton.runtime.jit import JITFunction
 
 import fla_bwd.ops.utils.launch as launch
+from fla_bwd import settings
 
 
 def _toy(x, y, n, scale, C: "tl.constexpr"):  # noqa: F821 - a constexpr annotation, never evaluated
@@ -45,7 +46,7 @@ class _Wrapped:
 def launcher(monkeypatch):
     monkeypatch.setattr(launch, "is_interpreter", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    launch.set_fast_launch(True)
+    settings.set_fast_launch(True)
     return launch.Launcher(_Wrapped())
 
 
@@ -81,12 +82,12 @@ def test_cached_kernel_gets_every_parameter_in_order(launcher):
 
 
 def test_fast_launch_off_always_takes_tritons_path(launcher):
-    launch.set_fast_launch(False)
+    settings.set_fast_launch(False)
     try:
         for _ in range(3):
             launcher((1,), x=torch.zeros(8), y=None, n=100, scale=0.5, C=4)
     finally:
-        launch.set_fast_launch(True)
+        settings.set_fast_launch(True)
     assert launcher.kernel.launches == 3 and not launcher.kernel.compiled.calls
 
 
@@ -125,20 +126,20 @@ def test_direct_launch_skips_the_runner_unless_a_hook_is_installed(launcher, mon
     assert compiled.calls == [((7, 1, 1), (x, y, 300, 0.25, 4))] and len(compiled.direct) == 1
 
 
-def test_run_each_launches_every_value_in_order_under_the_key_of_each(launcher):
+def test_launch_each_launches_every_value_in_order_under_the_key_of_each(launcher):
     x, y = torch.zeros(8), torch.zeros(8)
     args = dict(x=x, y=y, n=100, scale=0.5)
-    launcher.run_each((3,), dict(args, C=None), "C", (4, 8))  # both values compile once, through Triton's path
+    launcher.launch_each((3,), dict(args, C=None), "C", (4, 8))  # both values compile once, through Triton's path
     assert launcher.kernel.launches == 2 and not launcher.kernel.compiled.calls
-    launcher.run_each((3,), dict(args, C=None), "C", (4, 8))
+    launcher.launch_each((3,), dict(args, C=None), "C", (4, 8))
     assert launcher.kernel.launches == 2
     assert launcher.kernel.compiled.calls == [((3, 1, 1), (x, y, 100, 0.5, 4)), ((3, 1, 1), (x, y, 100, 0.5, 8))]
-    # the key run_each derived for C=8 is the one a plain launch computes: a cache hit, not a third compile
+    # the key launch_each derived for C=8 is the one a plain launch computes: a cache hit, not a third compile
     launcher((3,), **args, C=8)
     assert launcher.kernel.launches == 2 and len(launcher.kernel.compiled.calls) == 3
 
 
-def test_run_each_refuses_a_runtime_parameter(launcher):
+def test_launch_each_refuses_a_runtime_parameter(launcher):
     args = dict(x=torch.zeros(8), y=torch.zeros(8), n=100, scale=0.5, C=4)
     with pytest.raises(ValueError, match="'n' must be a constexpr"):
-        launcher.run_each((3,), args, "n", (100, 200))
+        launcher.launch_each((3,), args, "n", (100, 200))

@@ -1,0 +1,101 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Tile sizes and the per-call policies of the attention kernels: what the launchers read, with one reason each.
+The measurements behind every entry are in PERF.md (the number after # names its section); change an entry
+there first. `tests/ops/test_kernel_resources.py` compiles every tile config for sm_90 and checks it fits.
+"""
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from fla_bwd.utils import cdiv, is_interpreter
+
+
+def _tiles(BT: int, BS: int, num_warps: int, num_stages: int) -> dict:
+    """A tile config as the launch arguments it becomes: BT rows of the tile a program owns (queries for fwd/dq,
+    keys for dkv), BS rows of each block its inner loop steps over."""
+    return dict(BT=BT, BS=BS, num_warps=num_warps, num_stages=num_stages)
+
+
+# (16-bit inputs, head dim > 128) -> kernel -> tile config; the head dim is the larger of K and V. Read-only: the
+# launchers spread these dicts into their launch arguments.
+TILE_CONFIGS = {
+    (True, False): {
+        "fwd": _tiles(128, 128, 8, 2),  # fewest K/V reloads among the configs that do not spill (#3)
+        "dq": _tiles(64, 64, 4, 2),  # every larger tile or deeper pipeline measured slower (#2, #19)
+        "dkv": _tiles(64, 64, 4, 2),  # same sweeps (#2, #19); two resident programs per SM (#23)
+    },
+    (True, True): {
+        "fwd": _tiles(64, 32, 8, 2),  # D up to 256 doubles each row's registers and shared memory; not swept
+        "dq": _tiles(64, 32, 8, 2),  # same reason
+        "dkv": _tiles(64, 32, 8, 2),  # same reason
+    },
+    (False, False): {
+        "fwd": _tiles(64, 32, 4, 2),  # fp32 operands: fwd 128x128 needs 256 KB of the 227 KB a block may use (#9)
+        "dq": _tiles(64, 32, 8, 2),  # same limit (#9)
+        "dkv": _tiles(64, 32, 8, 2),  # same limit (#9)
+    },
+    (False, True): {
+        "fwd": _tiles(64, 32, 4, 2),  # fits at D up to 256 in fp32 (#9)
+        "dq": _tiles(32, 32, 4, 2),  # halved again to fit 227 KB (#9)
+        "dkv": _tiles(32, 32, 4, 2),  # same limit (#9)
+    },
+}
+# Under the CPU interpreter small tiles make the tests' short sequences cross every range of the loops.
+INTERPRETER_CONFIG = _tiles(32, 16, 4, 1)
+
+
+def tile_config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The tile config of `kernel` ("fwd", "dq" or "dkv") at head dim D (the larger of K and V) and input dtype."""
+    if is_interpreter():
+        return INTERPRETER_CONFIG
+    return TILE_CONFIGS[(dtype != torch.float32, D > 128)][kernel]
+
+
+# Calls with less work than this (B * HQ * T * min(T, W) * max(K, V)) contain NaN/Inf inline, larger ones in two
+# launches: where a second launch's host time equals what inline costs the GPU (#31).
+INLINE_CONTAINMENT_WORK = 2**29
+
+
+class DqPass(NamedTuple):
+    """One launch of the dQ kernel (see `host.attn_bwd_dq`)."""
+    delta_from_o: bool  # compute delta = rowsum(o * dO) of the rows (else read it)
+    refine_delta: bool  # overwrite delta with the fp32 rowsum(P * dP) for the dK/dV kernel
+    compute_dq: bool  # compute and store dq (else only the refinement)
+
+
+# The dQ launches for each way of computing delta (see `host.attn_bwd_dq`).
+DQ_PASSES = {
+    "rounded": (DqPass(True, False, True),),  # no gate, no sink: delta's ~1e-3 rounding costs little
+    "refine": (DqPass(True, True, True),),  # gates: dG is a reverse cumsum, which turns delta's error into a walk
+    "exact": (DqPass(False, True, False), DqPass(False, False, True)),  # sinks: dq needs the exact delta itself
+}
+
+
+@functools.lru_cache(maxsize=256)
+def gqa_split(lengths: tuple, H: int, G: int, D: int, W: int, sms: int):
+    """The fewest programs (1, 2 or 4, below G) that can share a group's query heads in the KV-head-owned dK/dV
+    kernel and keep the GPU busy, or None (then the query-head-owned kernel balances better).
+
+    A program's longest run is the first key tile of the longest sequence: G / split times the query blocks that
+    tile sees. When that critical path is much longer than the average work per resident program, programs of
+    short tiles finish and leave SMs idle while it runs; splitting the heads shortens it at the price of fp32
+    partials and their sum. Counted in query-block iterations, with two resident programs per SM; below 64
+    iterations a split saves less kernel time than its extra launch costs the host (#23, #31).
+    """
+    cfg = tile_config("dkv", D)
+    BT, BS = cfg["BT"], cfg["BS"]
+    ratio = BT // BS
+    span = cdiv(BT + W - 1, BS)  # query blocks one key tile can see
+    total = longest = 0
+    for length in lengths:
+        blocks = cdiv(length, BS)
+        seen = [min(blocks - i * ratio, span) for i in range(cdiv(length, BT))]
+        total += H * G * sum(seen)
+        longest = max(longest, seen[0] if seen else 0)
+    for split in (1, 2, 4):
+        critical = G // split * longest
+        if split < G and (critical <= 64 or critical <= 1.25 * total / (2 * sms)):
+            return split
+    return None
