@@ -1,26 +1,9 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Package-wide helpers: buffer allocation (NaN-poisoned under test), host integer arithmetic, interpreter detection
-and its bf16 fix."""
+"""Package-wide helpers: host integer arithmetic, interpreter detection and its bf16 fix."""
 
 import contextlib
 import functools
 import os
-
-import torch
-
-# Every buffer the package hands to a kernel comes from `empty`. With poisoning on (tests turn it on through
-# `set_poison(True)` or FLA_BWD_POISON=1) floating buffers are filled with NaN, so an element no kernel
-# writes shows up as a failed comparison instead of a stale value that happens to be close.
-_POISON = os.environ.get("FLA_BWD_POISON", "0") == "1"
-
-
-def set_poison(enabled: bool) -> None:
-    global _POISON
-    _POISON = bool(enabled)
-
-
-def poison_enabled() -> bool:
-    return _POISON
 
 
 # Host-side integer helpers. `triton.cdiv` and `triton.next_power_of_2` are constexpr functions (usable inside
@@ -32,12 +15,6 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(n - 1, 0).bit_length()
-
-
-def empty(*shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if _POISON and dtype.is_floating_point:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 @functools.cache

@@ -13,8 +13,7 @@ if not torch.cuda.is_available():
 import zlib  # noqa: E402
 
 import pytest  # noqa: E402
-
-from fla_bwd.utils import set_poison  # noqa: E402
+from poison import poisoned  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -60,12 +59,11 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float =
 
 @pytest.fixture(autouse=True)
 def _poison_and_seed(request):
-    """Every buffer the package allocates is NaN-filled; every test gets its own reproducible seed."""
+    """Every buffer the package allocates is NaN-filled (`poison.py`); every test gets its own reproducible seed."""
     _CURRENT_TEST["id"] = request.node.nodeid
-    set_poison(True)
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
-    yield
-    set_poison(False)
+    with poisoned():
+        yield
     # A test past 2**31 elements leaves ~35 GB in this worker's caching allocator, where the other pytest workers
     # on the GPU cannot get it: on 2026-11-30 a T = 15 sink test in another worker failed to launch with
     # "Triton Error [CUDA]: out of memory" (8 workers on one H200). Hand large reservations back after each test.

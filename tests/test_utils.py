@@ -1,5 +1,5 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""fla_bwd.utils: buffer poisoning, and the interpreter's bf16 fix (each of its two patches is shown needed, and
+"""fla_bwd.utils: the interpreter's bf16 fix (each of its two patches is shown needed, and
 shown not to leak to another library's kernels)."""
 
 import os
@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from conftest import DEVICE
 
-from fla_bwd.utils import empty, interpreter_bf16_fix, is_interpreter, poison_enabled, set_poison
+from fla_bwd.utils import interpreter_bf16_fix, is_interpreter
 
 interpreter_only = pytest.mark.skipif(
     DEVICE == "cuda", reason="the bf16 fix patches Triton's CPU interpreter, which is not in use on the GPU")
@@ -206,26 +206,3 @@ def test_fix_does_not_leak_to_other_kernels():
     r = subprocess.run([sys.executable, "-c", _FOREIGN], cwd=root, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
-
-
-def test_empty_is_poisoned_when_on():
-    assert poison_enabled()  # the autouse fixture turned it on
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        t = empty(3, 5, dtype=dtype, device=DEVICE)
-        assert t.shape == (3, 5) and t.dtype == dtype and t.device.type == torch.device(DEVICE).type
-        assert torch.isnan(t).all()
-    t = empty(4, dtype=torch.int32, device=DEVICE)  # integer buffers cannot hold NaN: plain allocation
-    assert t.shape == (4,) and t.dtype == torch.int32
-
-
-def test_set_poison_toggles():
-    try:
-        set_poison(False)
-        assert not poison_enabled()
-        t = empty(2, 2, dtype=torch.float32, device=DEVICE)
-        assert t.shape == (2, 2) and t.dtype == torch.float32
-        set_poison(1)
-        assert poison_enabled() is True
-        assert torch.isnan(empty(2, 2, dtype=torch.float32, device=DEVICE)).all()
-    finally:
-        set_poison(True)

@@ -209,8 +209,8 @@ def run_isolated(module: str, func: str, *args, timeout: float = 600) -> None:
         f"sys.path[:0] = [{tests_dir!r}, {os.path.join(tests_dir, 'ops')!r}]",
         "import conftest",  # sets TRITON_INTERPRET before triton is imported
         "import torch",
-        "from fla_bwd.utils import set_poison",
-        "set_poison(True)",
+        "import poison",
+        "poison.install()",
         "torch.manual_seed(0)",
         f"import {module}",
         f"{module}.{func}(*{args!r})",

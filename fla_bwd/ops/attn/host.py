@@ -28,7 +28,7 @@ from fla_bwd.ops.utils.cumsum import gate_cumsum, gate_grad
 from fla_bwd.ops.utils.group_sum import group_sum
 from fla_bwd.ops.utils.index import chunk_indices
 from fla_bwd.ops.utils.launch import Launcher
-from fla_bwd.utils import cdiv, empty, next_power_of_2
+from fla_bwd.utils import cdiv, next_power_of_2
 
 _fwd = Launcher(parallel_attn_fwd_kernel)
 _dq = Launcher(parallel_attn_bwd_kernel_dq)
@@ -98,8 +98,8 @@ def attn_fwd(q, k, v, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens):
     B, T, HQ, _ = q.shape
     dims = _dims(q, k, v)
     cfg = tile_config("fwd", max(dims["K"], dims["V"]), q.dtype)
-    o = empty(B, T, HQ, dims["V"], dtype=q.dtype, device=q.device)
-    lse = empty(HQ, B * T, dtype=torch.float32, device=q.device)
+    o = torch.empty(B, T, HQ, dims["V"], dtype=q.dtype, device=q.device)
+    lse = torch.empty(HQ, B * T, dtype=torch.float32, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
     if NT > 0:
         launch_contained(_fwd, NT * B * HQ, dict(
@@ -123,8 +123,8 @@ def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dgc_q, scale: float, W: int, cu_s
     B, T, HQ, _ = q.shape
     dims = _dims(q, k, v)
     cfg = tile_config("dq", max(dims["K"], dims["V"]), q.dtype)
-    dq = empty(*q.shape, dtype=q.dtype, device=q.device)
-    delta = empty(HQ, B * T, dtype=torch.float32, device=q.device)
+    dq = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
+    delta = torch.empty(HQ, B * T, dtype=torch.float32, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
     for step in DQ_PASSES[delta_mode] if NT > 0 else ():
         launch_contained(_dq, NT * B * HQ, dict(
@@ -151,11 +151,11 @@ def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: 
         # One dK/dV per query head; with G > 1 they are summed in fp32 below.
         launcher, NH, extra = _dkv_per_query_head, HQ, {}
     acc_dtype = q.dtype if NH == H else torch.float32
-    dk = empty(B, T, NH, K, dtype=acc_dtype, device=q.device)
-    dv = empty(B, T, NH, V, dtype=acc_dtype, device=q.device)
+    dk = torch.empty(B, T, NH, K, dtype=acc_dtype, device=q.device)
+    dv = torch.empty(B, T, NH, V, dtype=acc_dtype, device=q.device)
     NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
-    partial = empty(HQ, NT * B, dtype=torch.float32, device=q.device) if sink_bias is not None else None
-    dgc_k = empty(*lse.shape, dtype=torch.float32, device=q.device) if g_cumsum is not None else None
+    partial = torch.empty(HQ, NT * B, dtype=torch.float32, device=q.device) if sink_bias is not None else None
+    dgc_k = torch.empty(*lse.shape, dtype=torch.float32, device=q.device) if g_cumsum is not None else None
     if NT > 0:
         launch_contained(launcher, NT * B * NH, dict(
             q=q, k=k, v=v, do=do, dk=dk, dv=dv, dgc_k=dgc_k, dsink_partial=partial, lse=lse, delta=delta,
@@ -208,7 +208,7 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
         delta_mode = "exact" if sink is not None else "refine" if gc is not None else "rounded"
         # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its
         # key side, and the reverse cumsum adds them.
-        dgc_q = empty(*lse.shape, dtype=torch.float32, device=q.device) if gc is not None else None
+        dgc_q = torch.empty(*lse.shape, dtype=torch.float32, device=q.device) if gc is not None else None
         kernel = select_dkv_kernel(q, k, v, W, cu_seqlens)
         dq, delta = attn_bwd_dq(q, k, v, o, do, lse, gc, dgc_q, scale, W, cu_seqlens, delta_mode)
         dk, dv, dgc_k, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, gc, sink, scale, W, cu_seqlens, kernel)

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from fla_bwd.ops.utils.launch import Launcher
-from fla_bwd.utils import cdiv, empty, is_interpreter, next_power_of_2
+from fla_bwd.utils import cdiv, is_interpreter, next_power_of_2
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
@@ -71,7 +71,7 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> torch.Te
     """`g` `[B, T, HQ]` -> G * log2(e), G the per-sequence cumsum, fp32, in the kernels' head-major layout
     `[HQ, B * T]` (base-2 units, as the attention kernels keep their scores)."""
     B, T, HQ = g.shape
-    y = empty(HQ, B * T, dtype=torch.float32, device=g.device)
+    y = torch.empty(HQ, B * T, dtype=torch.float32, device=g.device)
     return _scan(g, y, cu_seqlens, B, T, HQ, (g.stride(1), g.stride(2)), (1, B * T), reverse=False,
                  scale=1.4426950408889634)
 
@@ -82,5 +82,5 @@ def gate_grad(dG_q: torch.Tensor, dG_k: torch.Tensor, B: int, T: int, cu_seqlens
     kernel, minus the key side from the dK/dV kernel) -> dg `[B, T, HQ]` in `dtype`: the per-sequence reverse
     cumsum of dG. Adding here in fp32 rounds exactly as the difference would have where it was computed."""
     HQ = dG_q.shape[0]
-    y = empty(B, T, HQ, dtype=dtype, device=dG_q.device)
+    y = torch.empty(B, T, HQ, dtype=dtype, device=dG_q.device)
     return _scan(dG_q, y, cu_seqlens, B, T, HQ, (1, B * T), (HQ, 1), reverse=True, x2=dG_k)

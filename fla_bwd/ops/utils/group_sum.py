@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from fla_bwd.ops.utils.launch import Launcher
-from fla_bwd.utils import cdiv, empty, next_power_of_2
+from fla_bwd.utils import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -45,8 +45,8 @@ def group_sum(dk_part: torch.Tensor, dv_part: torch.Tensor, H: int, dtype: torch
     B, T, NH, K = dk_part.shape
     V = dv_part.shape[3]
     S = NH // H
-    dk = empty(B, T, H, K, dtype=dtype, device=dk_part.device)
-    dv = empty(B, T, H, V, dtype=dtype, device=dv_part.device)
+    dk = torch.empty(B, T, H, K, dtype=dtype, device=dk_part.device)
+    dv = torch.empty(B, T, H, V, dtype=dtype, device=dv_part.device)
     R = B * T * H
     BK, BV = next_power_of_2(K), next_power_of_2(V)
     BR = max(1, 4096 // max(BK, BV))  # 4096 elements a program: 32 rows of 128
