@@ -71,6 +71,13 @@ def _poison_and_seed(request):
         torch.cuda.empty_cache()
 
 
+def pytest_configure(config):
+    # A numpy warning from Triton's interpreter means a kernel computed an invalid value: an error in this suite.
+    # (The launcher turns numpy's flags off around this package's launches, whose masked lanes compute 0 / 0 as on
+    # the GPU; a warning here comes from elsewhere, e.g. a test's own kernel.)
+    config.addinivalue_line("filterwarnings", "error::RuntimeWarning:triton.runtime.interpreter")
+
+
 def pytest_runtest_logreport(report):
     if report.when == "call" and report.passed:
         _PASSED.add(report.nodeid)

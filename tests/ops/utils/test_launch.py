@@ -5,6 +5,7 @@ GPU suite exercises it on every repeated call); here a stand-in compiled kernel 
 
 import pytest
 import torch
+from conftest import DEVICE
 from triton.runtime.jit import JITFunction
 
 import fla_bwd.ops.utils.launch as launch
@@ -143,3 +144,28 @@ def test_launch_each_refuses_a_runtime_parameter(launcher):
     args = dict(x=torch.zeros(8), y=torch.zeros(8), n=100, scale=0.5, C=4)
     with pytest.raises(ValueError, match="'n' must be a constexpr"):
         launcher.launch_each((3,), args, "n", (100, 200))
+
+
+@pytest.mark.parametrize("dtype,gate,sink", [(torch.float16, False, False), (torch.bfloat16, True, False),
+                                             (torch.bfloat16, True, True)])
+def test_partial_tiles_warn_nothing_and_leave_numpy_flags(dtype, gate, sink):
+    """T not a multiple of any tile (rows past the end compute 0 / 0 in the forward unless a sink adds to l): no
+    warning at all (as errors), and numpy's floating-point flags are what they were after the call (the launcher
+    changes them only around its own interpreted launches)."""
+    import warnings
+
+    import numpy as np
+
+    from fla_bwd.ops.attn import parallel_attn
+
+    before = np.geterr()
+    q = torch.randn(2, 37, 4, 32, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 37, 2, 32, device=DEVICE, dtype=dtype, requires_grad=True)
+    g = torch.nn.functional.logsigmoid(torch.randn(2, 37, 4, device=DEVICE)).requires_grad_() if gate else None
+    s = torch.randn(4, device=DEVICE, requires_grad=True) if sink else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        o = parallel_attn(q, k, k, g=g, window_size=5 if gate else None, sink_bias=s)
+        o.float().sum().backward()
+    assert np.geterr() == before
+    assert torch.isfinite(o).all() and torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
