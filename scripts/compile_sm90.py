@@ -27,6 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import fla_bwd.ops.attn.parallel as P
+from fla_bwd.ops.attn.config import tile_config
 
 HOPPER_SMEM_PER_BLOCK = 232448  # 227 KB: cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int8: "i8"}
@@ -105,12 +106,12 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
     gate, sk = (t(f32) if gated else None), (t(f32) if sink else None)
     base = dict(q=t(), k=t(), v=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=gate, cu_seqlens=None,
                 chunk_indices=None, scale=0.1, T=100, W=100, NTOK=100, B=1, **dims)
-    dkv = dict(base, do=t(), dGk=gate, dsink_partial=sk, delta=t(f32), sink_bias=sk)
-    # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `P._launch_contained`).
+    dkv = dict(base, do=t(), dgc_k=gate, dsink_partial=sk, delta=t(f32), sink_bias=sk)
+    # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `host.launch_contained`).
     plain = [
         ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
         ("dq", P.parallel_attn_bwd_kernel_dq,
-         dict(base, o=t(), do=t(), dq=t(), dG=gate, delta=t(f32), DELTA_FROM_O=True, REFINE_DELTA=gated or sink,
+         dict(base, o=t(), do=t(), dq=t(), dgc_q=gate, delta=t(f32), DELTA_FROM_O=True, REFINE_DELTA=gated or sink,
               COMPUTE_DQ=True), "dq"),
         ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
         # SPLIT = 1; the split paths run the same loop over fewer heads, with the same tiles and shared memory.
@@ -130,7 +131,7 @@ def compile_one(task: tuple) -> tuple:
     D, dtype_name, variant, index, overrides, loops = task
     dtype = getattr(torch, dtype_name)
     name, kernel, launch, key = kernels(D, dtype, *_FLAGS[variant])[index]
-    cfg = dict(P._config(key, D, dtype), **parse_override(overrides[key]))
+    cfg = dict(tile_config(key, D, dtype), **parse_override(overrides[key]))
     nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
     c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
     lines = [f"D={D:3d} {name:26s} {cfg} warps={nw} stages={ns}: {resource_report(c)}"]
