@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 #
-# The full H200 benchmark, from the repository root, with .whl/ carried (scripts/fetch_bench_wheels.sh fills it).
+# The full H200 benchmark, from the repository root, with .whl/ carried (benchmarks/tools/fetch_bench_wheels.sh fills
+# it: the peers' wheels and the runner's tabulate and tqdm).
 # Split into parts that each fit one device command (<= 9 minutes; benchmarks/ops/plan.py balances them):
 #     PART=1 bash benchmarks/gpu_run.sh      # the gate + part 1 of PARTS (default 3)
 #     PART=2 bash benchmarks/gpu_run.sh      # part 2: no gate (inherits part 1's stamp, else deferred to the merge)
@@ -60,7 +61,8 @@ PY=${PYTHON:-python3}
 since() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[gpu_run +$(since)s] $*"; }
 
-# 1. peer wheels (fla-core 0.6.0, flash-attn3-jax 0.2.3), --no-deps: nothing may replace torch, triton or jax
+# 1. carried wheels (peers fla-core 0.6.0, flash-attn3-jax 0.2.3; the runner's tabulate 0.10.0, tqdm 4.70.1),
+#    --no-deps: nothing may replace torch, triton or jax
 if compgen -G ".whl/*.whl" > /dev/null; then
   for w in .whl/*.whl; do  # one at a time: a wheel that fails to install does not take the other down
     if [ -f "/tmp/site/.installed-$(basename "$w")" ] && cmp -s "$w" "/tmp/site/.installed-$(basename "$w")"; then
@@ -77,7 +79,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   done
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 else
-  say "no .whl/ carried: the fla and fa3 peers will be skipped (carry .whl, filled by scripts/fetch_bench_wheels.sh)"
+  say "no .whl/ carried: the fla and fa3 peers will be skipped, and tabulate and tqdm must come from the image" \
+      "(carry .whl, filled by benchmarks/tools/fetch_bench_wheels.sh)"
 fi
 export FLA_DISABLE_BACKEND_DISPATCH=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET FLA_BWD_DKV_PATH

@@ -3,10 +3,11 @@
 """One backward of `parallel_attn` between cudaProfilerStart/Stop, for Nsight Compute:
 
     ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum,... \\
-        python scripts/ncu_dkv.py --path gqa --T 8192 --W 512
+        python benchmarks/tools/ncu_dkv.py --path gqa --T 8192 --W 512
 
-Every kernel the backward launches (preprocess, dQ, dK/dV and, on the legacy path, the group sum and cast) is
-captured, so the launch count and the DRAM bytes of the reduction show up next to the dK/dV kernel.
+Every kernel the backward launches (dQ, dK/dV and, on the per-query-head and split paths, the group sum) is
+captured, so the launch count and the DRAM bytes of the reduction show up next to the dK/dV kernel. `--path` takes
+the names FLA_BWD_DKV_PATH takes (`fla_bwd.settings.DKV_PATHS`; "legacy" is the old name of "per-query-head").
 """
 
 import argparse
@@ -14,11 +15,12 @@ import argparse
 import torch
 
 from fla_bwd.ops.attn import dkv_path, parallel_attn
+from fla_bwd.settings import DKV_PATHS
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--path", choices=["gqa", "legacy"], required=True)
+    ap.add_argument("--path", choices=DKV_PATHS, required=True)
     ap.add_argument("--B", type=int, default=1)
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--HQ", type=int, default=32)

@@ -6,7 +6,7 @@ Prints, for each shape: the synchronised wall time of a backward call, the CPU t
 empty), the issue time of each launcher alone, and the top of a cProfile of repeated backward calls; first, the host
 cost of one launch of a trivial kernel, six ways, from an idle queue and back to back (`launch_floor`).
 
-    python scripts/profile_host.py --shapes gqa4-short,mha-short
+    python benchmarks/tools/profile_host.py --shapes gqa4-short,mha-short
 """
 
 import argparse
@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_bwd.ops.attn import parallel as P
-from fla_bwd.ops.attn import parallel_attn
-from fla_bwd.ops.utils.launch import set_fast_launch
+from fla_bwd.ops.attn import host, parallel_attn, select_dkv_kernel
+from fla_bwd.ops.attn.parallel import PER_QUERY_HEAD, DkvKernel
+from fla_bwd.settings import set_fast_launch
 
 SHAPES = {"gqa4-short": (4, 512, 32, 8, 128), "mha-short": (4, 512, 32, 32, 128)}
 
@@ -141,6 +141,24 @@ def _wall_us(fn, calls=50):
     return _host_us(fn, calls, sync=True)
 
 
+def host_parts(q, k, v, do) -> dict:
+    """The host functions of one backward (no gate, no sink, full causal), each a call without arguments, after a
+    forward and a dQ pass that give them their inputs: what `profile_shape` times one by one."""
+    T, D = q.shape[1], q.shape[3]
+    scale, W = D ** -0.5, T
+    o, lse, _ = host.forward(q, k, v, None, None, None, scale, 0)
+    _, delta = host.attn_bwd_dq(q, k, v, o, do, lse, None, None, scale, W, None, "rounded")
+    return {
+        "dq (+delta)": lambda: host.attn_bwd_dq(q, k, v, o, do, lse, None, None, scale, W, None, "rounded"),
+        "dkv gqa": lambda: host.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, scale, W, None,
+                                             DkvKernel(per_kv_head=True, split=1)),
+        "dkv per-query-head": lambda: host.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, scale, W, None,
+                                                        PER_QUERY_HEAD),
+        "select_dkv_kernel": lambda: select_dkv_kernel(q, k, v, W, None),
+        "bwd impl": lambda: host.backward(do, q, k, v, o, lse, None, None, None, None, scale, 0),
+    }
+
+
 def profile_shape(name: str, top: int) -> None:
     B, T, HQ, H, D = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -157,26 +175,14 @@ def profile_shape(name: str, top: int) -> None:
     for _ in range(5):
         bwd()
     torch.cuda.synchronize()
-    print(f"\n== {name}: B{B} T{T} HQ{HQ} H{H} D{D}; dkv path {P.select_dkv_kernel(q, k, v)}")
+    print(f"\n== {name}: B{B} T{T} HQ{HQ} H{H} D{D}; dkv path {select_dkv_kernel(q, k, v).name}")
     for fast in (True, False):
         set_fast_launch(fast)
         print(f"{'fast launch ' if fast else 'kernel[grid]'}: backward wall {_wall_us(bwd):.1f} us, issue "
               f"{_issue_us(bwd):.1f} us; forward issue {_issue_us(lambda: parallel_attn(q, k, v)):.1f} us")
     set_fast_launch(True)
     with torch.no_grad():
-        o2, lse, _ = P._parallel_attn_fwd_impl(q, k, v, None, None, None, D ** -0.5, 0)
-        _, delta = P.attn_bwd_dq(q, k, v, o2, do, lse, None, None, D ** -0.5, T, None, "rounded")
-        W = T
-        parts = {
-            "dq (+delta)": lambda: P.attn_bwd_dq(q, k, v, o2, do, lse, None, None, D ** -0.5, W, None, "rounded"),
-            "dkv gqa": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, D ** -0.5, W, None,
-                                              "gqa"),
-            "dkv legacy": lambda: P.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, D ** -0.5, W,
-                                                 None, "legacy"),
-            "select_dkv_kernel": lambda: P.select_dkv_kernel(q, k, v, W, None),
-            "bwd impl": lambda: P._parallel_attn_bwd_impl(do, q, k, v, o2, lse, None, None, None, None,
-                                                          D ** -0.5, 0),
-        }
+        parts = host_parts(q, k, v, do)
         for label, fn in parts.items():
             fn()
             fast = _issue_us(fn)
@@ -195,7 +201,6 @@ def profile_shape(name: str, top: int) -> None:
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
     print("cProfile, 100 synchronised backward calls, by own time:")
     print("\n".join(s.getvalue().splitlines()[:top + 12]))
-
 
 
 def main():

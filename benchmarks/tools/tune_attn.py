@@ -5,10 +5,11 @@ tile-config variants and of both dK/dV paths, in one process. Not a benchmark of
 `benchmarks/ops/run.py`); it answers "which variant, and where does the time go". Times with the runner's method
 (`benchmarks.ops.timing.median_us`: warm-up, then CUDA events with an L2 flush before every call, median).
 
-    python scripts/tune_attn.py --shapes g8-T8192,gqa4-long --variants base,bt128 --json $OUT/tune.json
+    python benchmarks/tools/tune_attn.py --shapes g8-T8192,gqa4-long --variants base,dkv128s64w8 --json $OUT/tune.json
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -18,17 +19,23 @@ import torch
 import torch.nn.functional as F
 import triton
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+# The repository root (for `benchmarks`), after PYTHONPATH's entries: ab_trees.sh picks the fla_bwd under test with
+# PYTHONPATH, which a root inserted first would override (B would import A's package).
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PYTHONPATH = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+_AFTER_PYTHONPATH = max((i + 1 for i, p in enumerate(sys.path) if p and os.path.abspath(p) in _PYTHONPATH), default=1)
+sys.path.insert(_AFTER_PYTHONPATH, _ROOT)
 from benchmarks.ops import registry  # noqa: E402
 from benchmarks.ops.timing import Timer, median_us  # noqa: E402
-from fla_bwd.ops.attn import dkv_path, naive_parallel_attn, parallel_attn  # noqa: E402
-from fla_bwd.ops.attn import parallel as P
+from fla_bwd.ops.attn import config, dkv_path, naive_parallel_attn, parallel_attn  # noqa: E402
 
 # The registry's dense shapes with K == V in bf16 (the harness makes bf16 inputs): name -> (B, T, HQ, H, D, W, gated).
 SHAPES = {s.name: (s.B, s.T, s.HQ, s.H, s.K, s.W, s.gated)
           for s in registry.SHAPES if not s.varlen and s.K == s.V and s.dtype == "bf16"}
 
-# Tile-config variants: {kernel: overrides}. "base" is whatever parallel._config returns today.
+# Tile-config variants: {kernel: overrides}, applied to every entry of `config.TILE_CONFIGS` (the GPU's tiles; under
+# the interpreter `config.tile_config` returns INTERPRETER_CONFIG, so variants change nothing there). "base" is the
+# table as it is.
 VARIANTS = {
     "base": {},
     "dkv128s64w8": {"dkv": dict(BT=128, BS=64, num_warps=8, num_stages=2)},
@@ -50,17 +57,33 @@ VARIANTS = {
     "norefine": {},
 }
 
-_base_config = P._config
 
-
-_base_dq = P.attn_bwd_dq
-
-
-def use_variant(name):
+@contextlib.contextmanager
+def variant(name):
+    """Run the block with variant `name`'s entries in the public tables `config.TILE_CONFIGS` and
+    `config.DQ_PASSES`, both restored exactly (the same objects) on exit."""
     over = VARIANTS[name]
-    P._config = lambda kernel, D, dtype=torch.bfloat16: dict(_base_config(kernel, D, dtype), **over.get(kernel, {}))
-    # "norefine": measure what the fp32 delta refinement costs the gated dQ kernel (accuracy drops without it).
-    P.attn_bwd_dq = (lambda *a: _base_dq(*a[:-1], "rounded")) if name == "norefine" else _base_dq
+    tiles = {key: dict(kernels) for key, kernels in config.TILE_CONFIGS.items()}
+    passes = dict(config.DQ_PASSES)
+    try:
+        for kernels in config.TILE_CONFIGS.values():
+            for kernel, cfg in over.items():
+                kernels[kernel] = dict(kernels[kernel], **cfg)
+        if name == "norefine":
+            # what the fp32 delta refinement costs the gated dQ kernel: every delta mode runs the single rounded
+            # pass. Timing only: dK/dV lose accuracy, and a gated call's dg is wrong (the query side of its
+            # gradient is stored by the refinement), so --check runs outside the variants.
+            for mode in config.DQ_PASSES:
+                config.DQ_PASSES[mode] = config.DQ_PASSES["rounded"]
+        config.gqa_split.cache_clear()  # it caches decisions made from the dK/dV tile
+        yield
+    finally:
+        for key, kernels in tiles.items():
+            config.TILE_CONFIGS[key].clear()
+            config.TILE_CONFIGS[key].update(kernels)
+        config.DQ_PASSES.clear()
+        config.DQ_PASSES.update(passes)
+        config.gqa_split.cache_clear()
 
 
 def make_inputs(B, T, HQ, H, D, gated, dtype=torch.bfloat16, seed=0):
@@ -160,7 +183,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="gqa4-long,g8-T8192")
     ap.add_argument("--variants", default="base")
-    ap.add_argument("--paths", default="gqa,legacy")
+    ap.add_argument("--paths", default="gqa,per-query-head",
+                    help="dK/dV paths (fla_bwd.settings.DKV_PATHS), default gqa,per-query-head")
     ap.add_argument("--check", action="store_true", help="correctness spot check per shape and path first")
     ap.add_argument("--peers", action="store_true", help="time SDPA cuDNN and FA2 on the same shapes")
     ap.add_argument("--iters", "--reps", dest="iters", type=int, default=50,
@@ -168,6 +192,10 @@ def main():
                          "method: benchmarks/ops/timing.py, CUDA events, an L2 flush before every call")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    for flag, given, known in (("--shapes", args.shapes, SHAPES), ("--variants", args.variants, VARIANTS)):
+        unknown = [x for x in given.split(",") if x not in known]
+        if unknown:
+            ap.error(f"{flag}: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     if not torch.cuda.is_available():
         sys.exit("tune_attn.py needs a CUDA GPU")
     shapes = args.shapes.split(",")
@@ -179,34 +207,33 @@ def main():
                 try:
                     r = check(shape, path)
                 except ValueError as e:  # a path that cannot take the shape (e.g. gqa-split4 at G = 2)
-                    print(f"check {shape:16s} {path:6s} ERROR {e}", flush=True)
+                    print(f"check {shape:16s} {path:14s} ERROR {e}", flush=True)
                     continue
                 bad = [n for n, x in r.items() if not (x < 0.005)]
-                print(f"check {shape:16s} {path:6s} " + " ".join(f"{n}={x:.2e}" for n, x in r.items())
+                print(f"check {shape:16s} {path:14s} " + " ".join(f"{n}={x:.2e}" for n, x in r.items())
                       + ("  FAIL " + ",".join(bad) if bad else ""), flush=True)
         peers = {}
         if args.peers:
             for be in ("cudnn", "fa2"):
                 peers[be] = sdpa_peer(shape, be, args.iters, timer)
-        for variant in args.variants.split(","):
-            use_variant(variant)
+        for name in args.variants.split(","):
             for path in args.paths.split(","):
                 try:
-                    r = time_shape(shape, path, args.iters, timer)
+                    with variant(name):
+                        r = time_shape(shape, path, args.iters, timer)
                 except Exception as e:
                     r = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-                r.update(shape=shape, variant=variant, path=path, peers=peers)
+                r.update(shape=shape, variant=name, path=path, peers=peers)
                 results.append(r)
                 if "error" in r:
-                    print(f"{shape:16s} {variant:10s} {path:6s} ERROR {r['error']}", flush=True)
+                    print(f"{shape:16s} {name:10s} {path:14s} ERROR {r['error']}", flush=True)
                     continue
-                print(f"{shape:16s} {variant:10s} {path:6s} fwd {statistics.median(r['fwd_us']):8.1f} us  "
+                print(f"{shape:16s} {name:10s} {path:14s} fwd {statistics.median(r['fwd_us']):8.1f} us  "
                       f"bwd {min(r['bwd_us']):8.1f} us ({r['bwd_tflops']:5.1f} TF/s) peak {r['bwd_peak_MiB']:7.1f} MiB "
                       f"| " + " ".join(f"{k.split('(')[0][-28:]}={v}" for k, v in r["kernels"].items()), flush=True)
         if peers:
             print(f"{shape:16s} peers: " + " ".join(f"{k}={v if isinstance(v, str) else round(v, 1)}"
                                                  for k, v in peers.items() if v is not None), flush=True)
-    P._config = _base_config
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "triton": triton.__version__,
