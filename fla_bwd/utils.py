@@ -7,7 +7,7 @@ import os
 
 
 # Host-side integer helpers. `triton.cdiv` and `triton.next_power_of_2` are constexpr functions (usable inside
-# kernels); called from Python they unwrap their arguments first and cost ~1.5 us each, several per launch.
+# kernels); called from Python they unwrap their arguments first, several times per launch.
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -20,7 +20,7 @@ def next_power_of_2(n: int) -> int:
 @functools.cache
 def is_interpreter() -> bool:
     # Read once: Triton decides interpreted or compiled when a kernel is decorated (at import), so the answer cannot
-    # change in a process; the launch path asks on every launch, and os.environ.get costs ~0.8 us here.
+    # change in a process; the launch path asks on every launch, where an environment read is not free.
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 

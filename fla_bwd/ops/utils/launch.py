@@ -3,18 +3,17 @@
 
 Every `kernel[grid](...)` call re-derives the kernel's specialisation from all its arguments (the heuristics
 wrapper rebuilds a dict of every argument once per flag, the binder specialises each argument, the cache key is
-a tuple of all of them plus `str(options)`), then launches. On the H200 machine's host that path costs 35-42 us
-for an empty kernel with 20 arguments and 26-70 us for this package's kernels (`scripts/profile_host.py`,
-PERF.md #13), while a short row's whole backward runs ~160 us on the GPU: the host, not the GPU, set its time.
+a tuple of all of them plus `str(options)`), then launches: on the H200 machine's host more time than a short
+row's whole backward takes on the GPU (PERF.md #13).
 
 `Launcher` keys the compiled kernel on what Triton specialises on (each tensor's dtype and 16-byte alignment,
 each integer's width, None-ness, constexpr values, launch options, device) and, on a hit, launches it through the
 compiled kernel's C launcher directly (`run`, with the current stream), skipping the runner's per-call
-launch-metadata dict, which only launch hooks read: 10.7 us instead of 15.6 us per launch on the H200 machine
-(`scripts/profile_host.py`). With a launch hook installed (a profiler), the runner is used. The first call for a
-key goes through Triton's normal path, which compiles (or finds the kernel in Triton's own cache) and returns the
-compiled kernel. The key over-approximates Triton's: a key that distinguishes too much only costs one more normal
-launch. Under the CPU interpreter every call takes the normal path (there is no compiled kernel).
+launch-metadata dict, which only launch hooks read (PERF.md #20). With a launch hook installed (a profiler), the
+runner is used. The first call for a key goes through Triton's normal path, which compiles (or finds the kernel in
+Triton's own cache) and returns the compiled kernel. The key over-approximates Triton's: a key that distinguishes
+too much only costs one more normal launch. Under the CPU interpreter every call takes the normal path (there is
+no compiled kernel).
 FLA_BWD_FAST_LAUNCH=0 (or `fla_bwd.settings.set_fast_launch(False)`) sends every call through the normal path, for
 A/B measurements or a Triton whose compiled-kernel interface differs.
 """
@@ -93,8 +92,8 @@ class Launcher:
 
     def key(self, kwargs: dict, values: Optional[list] = None) -> tuple:
         """The cache key of a launch; `values` are the parameters in signature order (taken from kwargs if None).
-        A plain loop with tensors keyed inline (dtype, 16-byte alignment): 3.0 us against 4.7 us for a generator
-        with a function call per argument (18 runtime arguments, this project's CPU)."""
+        A plain loop with tensors keyed inline (dtype, 16-byte alignment): a third cheaper than a function call
+        per argument (PERF.md, "Figures moved out of the code")."""
         if values is None:
             values = [kwargs.get(n) for n in self.names]
         runtime = []
@@ -120,8 +119,8 @@ class Launcher:
     def launch_each(self, grid: tuple, kwargs: dict, name: Optional[str], values_of_name: tuple) -> None:
         """Launch once for each value of the constexpr parameter `name` in `values_of_name`, in order, with the
         other arguments unchanged (`name` None: launch once). The arguments are bound and keyed once: a second
-        launch costs the C launcher alone (~8 us on the H200 machine's host, PERF.md #31), which is what makes a
-        two-launch kernel pair cheap enough for short calls."""
+        launch costs the C launcher alone (PERF.md #31), which is what makes a two-launch kernel pair
+        cheap enough for short calls."""
         if not settings.fast_launch() or is_interpreter():
             with _interpreted() if is_interpreter() else contextlib.nullcontext():
                 for value in values_of_name:
@@ -155,8 +154,8 @@ class Launcher:
         if hit is not None:
             compiled, direct = hit
             if direct is not None and _hooks_empty():
-                # What the runner below does, less the launch-metadata dict it builds for hooks on every call:
-                # 10.7 us instead of 15.6 us of host time per launch on the H200 machine (PERF.md #20).
+                # What the runner below does, less the launch-metadata dict it builds for hooks on every call
+                # (PERF.md #20).
                 run, function, packed = direct
                 run(*grid3, torch._C._cuda_getCurrentRawStream(key[0]), function, packed, None, None, None,
                     *values)
