@@ -3,7 +3,6 @@
 do not need a GPU (tune_attn.py's table overrides, profile_host.py's host calls, the PYTHONPATH that ab_trees.sh
 uses to pick the package under test) run here under the interpreter."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,13 +14,6 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "benchmarks" / "tools"
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_tools_{name}", TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(script, *args, env=None, cwd=None):
@@ -61,9 +53,9 @@ def test_shell_scripts_parse():
 
 
 def test_tune_attn_variant_overrides_and_restores_the_public_tables():
+    from benchmarks.tools import tune_attn as tune
     from fla_bwd.ops.attn import config, host
 
-    tune = load("tune_attn")
     tiles = {key: dict(kernels) for key, kernels in config.TILE_CONFIGS.items()}
     passes = dict(config.DQ_PASSES)
     with tune.variant("dkv128s64w8"):
@@ -88,9 +80,9 @@ def test_tune_attn_norefine_reaches_the_dq_launcher():
     """A gated backward under "norefine" skips the fp32 delta refinement: dK/dV then use the rounded delta and
     change a little (dg is not checked: without the refinement pass its query side is not stored, so the variant is
     for timing only); after the block the backward is bitwise the base one again."""
+    from benchmarks.tools import tune_attn as tune
     from fla_bwd import parallel_attn
 
-    tune = load("tune_attn")
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 48, 4, 32, generator=gen) for _ in range(3))
     k, v = k[:, :, :2].contiguous(), v[:, :, :2].contiguous()
@@ -114,9 +106,9 @@ def test_tune_attn_norefine_reaches_the_dq_launcher():
 
 def test_profile_host_parts_run():
     """profile_host.py's host calls (the public `host` functions and `DkvKernel`s) on the CPU, against autograd."""
+    from benchmarks.tools import profile_host as prof
     from fla_bwd import parallel_attn
 
-    prof = load("profile_host")
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 40, 4, 32, generator=gen)
     k, v = (torch.randn(1, 40, 2, 32, generator=gen) for _ in range(2))
