@@ -95,7 +95,7 @@ def interpreter_bf16_fix():
             return
         builder, fixed = patches
         _BF16_FIX_SAVED.clear()
-        if not _bf16_fix_active(builder):  # not already fixed (by `install_interpreter_bf16_fix`)
+        if not _bf16_fix_active(builder):  # not already fixed (by another caller)
             for name, method in fixed.items():
                 _BF16_FIX_SAVED[name] = vars(builder).get(name)
                 setattr(builder, name, method)
@@ -114,19 +114,3 @@ def interpreter_bf16_fix():
                 else:
                     setattr(builder, name, original)
             _BF16_FIX_SAVED.clear()
-
-
-@functools.cache
-def install_interpreter_bf16_fix() -> bool:
-    """Install `interpreter_bf16_fix`'s two corrections for the rest of the process, every interpreted kernel of
-    every library included; returns True once installed. Superseded by the scoped `interpreter_bf16_fix`, which
-    the launcher should enter instead; kept for callers of the old name."""
-    patches = _bf16_fix_patches()
-    if patches is None:  # pragma: no cover - a triton without the interpreter module
-        return False
-    builder, fixed = patches
-    if _bf16_fix_active(builder):
-        return True
-    builder._fla_bwd_originals = (builder.create_dot, builder.cast_impl)
-    builder.create_dot, builder.cast_impl = fixed["create_dot"], fixed["cast_impl"]
-    return True
