@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 #
-# The GPU test run for a device call, from the repository root: tests/ops spread over every visible GPU (one pytest
-# -n WORKERS group per GPU, files dealt out by their measured cost), then the multi-GPU tests when there are two GPUs.
+# The GPU test run for a device call, from the repository root: every test file spread over every visible GPU (one
+# pytest -n WORKERS group per GPU, files dealt out by their measured cost), then the multi-GPU tests when there are two.
 # test_kernel_resources.py is left out: it compiles for sm_90 on the CPU and runs in CI.
 #     bash scripts/gpu_tests.sh [LIMIT_S]      # default 280 s per group; logs in $OUT (or ./gpu_tests_out)
 # Prints each group's summary line and failures. An H200 x2 machine ran the two groups of this split in 151 and 251 s
@@ -16,11 +16,14 @@ mkdir -p "$LOGS"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 [ "$NGPU" -ge 1 ] || { echo "gpu_tests.sh: no GPU visible" >&2; exit 2; }
-# Heaviest first; dealt round-robin to the GPUs.
-FILES=(test_attn_gqa.py test_attn.py test_attn_robust.py test_attn_sink.py test_forgetting_attn.py test_attn_nan.py
-       test_attn_errors.py)
+# Every test file under tests/ but the two run elsewhere, the heaviest (measured) first, dealt round-robin to the GPUs.
+HEAVY=(tests/ops/test_attn_gqa.py tests/ops/test_attn.py tests/ops/test_attn_sink.py tests/ops/test_forgetting_attn.py
+       tests/ops/test_attn_nan.py)
+mapfile -t REST < <(find tests -name 'test_*.py' | sort | grep -vE 'test_kernel_resources|test_attn_multigpu' \
+                    | grep -vxF -f <(printf '%s\n' "${HEAVY[@]}"))
+FILES=("${HEAVY[@]}" "${REST[@]}")
 declare -a GROUP
-for i in "${!FILES[@]}"; do GROUP[$((i % NGPU))]+=" tests/ops/${FILES[$i]}"; done
+for i in "${!FILES[@]}"; do GROUP[$((i % NGPU))]+=" ${FILES[$i]}"; done
 t0=$(date +%s)
 for g in $(seq 0 $((NGPU - 1))); do
   # shellcheck disable=SC2086
@@ -28,7 +31,7 @@ for g in $(seq 0 $((NGPU - 1))); do
     > "$LOGS/gpu$g.log" 2>&1 &
 done
 wait
-echo "tests/ops on $NGPU GPU(s) took $(( $(date +%s) - t0 )) s"
+echo "tests on $NGPU GPU(s) took $(( $(date +%s) - t0 )) s"
 RC=0
 for g in $(seq 0 $((NGPU - 1))); do
   line=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$LOGS/gpu$g.log" | tail -n 1)
