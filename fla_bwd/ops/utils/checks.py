@@ -70,6 +70,8 @@ def _kernel_types() -> tuple:
     return InterpretedFunction, ours, type(tl.sum)
 
 
+# Under torch.compile the answer is a constant of the process: traced as one, so no guard watches the module scan.
+@torch.compiler.assume_constant_result
 def triton_mode() -> str:
     """How this package's kernels will run: `INTERPRETED`, `COMPILED` or `MIXED`, decided from the types of the
     kernel objects, not from the TRITON_INTERPRET variable.
@@ -227,10 +229,11 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
         raise ValueError("q, k, v, g and sink_bias must be on one device, got "
                          + ", ".join(f"{n} on {d}" for n, d in sorted(devices, key=lambda x: x[0]))
                          + ": move them to one device, e.g. with .to(q.device)")
-    # On a GPU one device-type compare and a global read once the mode is known; on the CPU under the interpreter,
+    # On a GPU one call (a global read once the mode is known) and two compares; on the CPU under the interpreter,
     # one more compare. Everything else (meta, CPU without the interpreter, half-on interpreter) is the slow path.
     device_type = q.device.type
-    if (device_type != "cuda" or _MODE is not COMPILED) and (device_type == "meta" or _MODE is not INTERPRETED):
+    mode = triton_mode()
+    if (device_type != "cuda" or mode != COMPILED) and (device_type == "meta" or mode != INTERPRETED):
         check_runnable("q", q)
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
