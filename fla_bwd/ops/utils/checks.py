@@ -229,12 +229,6 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
         raise ValueError("q, k, v, g and sink_bias must be on one device, got "
                          + ", ".join(f"{n} on {d}" for n, d in sorted(devices, key=lambda x: x[0]))
                          + ": move them to one device, e.g. with .to(q.device)")
-    # On a GPU one call (a global read once the mode is known) and two compares; on the CPU under the interpreter,
-    # one more compare. Everything else (meta, CPU without the interpreter, half-on interpreter) is the slow path.
-    device_type = q.device.type
-    mode = triton_mode()
-    if (device_type != "cuda" or mode != COMPILED) and (device_type == "meta" or mode != INTERPRETED):
-        check_runnable("q", q)
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
             raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
@@ -256,6 +250,13 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
         check_cu_seqlens(cu_seqlens, B, q.device)
     if chunk_indices is not None:
         check_chunk_indices(chunk_indices, q.device)
+    # Last, once every argument is known good: can the kernels run on these tensors at all? On a GPU one call (a
+    # global read once the mode is known) and two compares; on the CPU under the interpreter, one more compare.
+    # Everything else (meta, CPU without the interpreter, half-on interpreter) is the slow path.
+    device_type = q.device.type
+    mode = triton_mode()
+    if (device_type != "cuda" or mode != COMPILED) and (device_type == "meta" or mode != INTERPRETED):
+        check_runnable("q", q)
 
 
 def check_cu_seqlens(cu_seqlens, B: int, device: torch.device) -> None:
