@@ -17,8 +17,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 [ "$NGPU" -ge 1 ] || { echo "gpu_tests.sh: no GPU visible" >&2; exit 2; }
 # Every test file of the package (tests/ops, tests/ops/utils, tests/test_*.py) but the two run elsewhere, the
-# heaviest (measured) first, dealt round-robin to the GPUs. tests/benchmarks and tests/scripts run in CI: they drive Triton's interpreter in
-# subprocesses, which the H200 image's numpy 2.5 breaks under Triton 3.6, and read the checkout's git index.
+# heaviest (measured) first, dealt round-robin to the GPUs. tests/benchmarks and tests/scripts run in CI: they drive
+# Triton's interpreter in subprocesses, which the H200 image's numpy 2.5 breaks under Triton 3.6, and read the
+# checkout's git index.
 HEAVY=(tests/ops/test_attn_gqa.py tests/ops/test_attn.py tests/ops/test_attn_sink.py tests/ops/test_forgetting_attn.py
        tests/ops/test_attn_nan.py)
 mapfile -t REST < <(find tests/ops tests/ops/utils tests -maxdepth 1 -name 'test_*.py' | sort \
