@@ -166,16 +166,21 @@ def main():
     tasks = [(D, args.dtype, variant, i, overrides, args.loops)
              for D in map(int, args.dims.split(","))
              for i in range(len(kernels(D, getattr(torch, args.dtype), *_FLAGS[variant])))]
+    too_big = []
+
+    def report(results):
+        for lines, over in results:
+            print("\n".join(lines), flush=True)
+            if over:
+                too_big.append(over)
+
     if args.jobs > 1:
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-            results = ex.map(compile_one, tasks)
+            # Inside the block, so each kernel's lines come as it is done (in order), not all at the pool's shutdown:
+            # tests/ops/test_kernel_resources.py reads them as progress.
+            report(ex.map(compile_one, tasks))
     else:
-        results = map(compile_one, tasks)
-    too_big = []
-    for lines, over in results:
-        print("\n".join(lines), flush=True)
-        if over:
-            too_big.append(over)
+        report(map(compile_one, tasks))
     if args.check_smem and too_big:
         raise SystemExit("over the shared-memory limit: " + "; ".join(too_big))
 
