@@ -59,7 +59,7 @@ def main():
     ok = all(r < 0.005 for r in ratios.values())
     where = torch.cuda.get_device_name() if cuda else "CPU (interpreter)"
     print(f"parallel_attn fwd+bwd  B={B} T={T} HQ={HQ} H={H} D={D} {str(dtype)[6:]} gated, "
-          f"dK/dV path {select_dkv_kernel(q, k, v)}, on {where}")
+          f"dK/dV path {select_dkv_kernel(q, k, v).name}, on {where}")
     print("error ratio vs fp32 oracle: " + "  ".join(f"{n} {r:.2e}" for n, r in ratios.items())
           + ("  (all < 0.005)" if ok else "  FAIL"))
     print(f"time: {elapsed * 1e3:.2f} ms for one forward + backward"
