@@ -68,7 +68,7 @@ class DqPass(NamedTuple):
 # The dQ launches for each way of computing delta (see `host.attn_bwd_dq`).
 DQ_PASSES = {
     "rounded": (DqPass(True, False, True),),  # no gate, no sink: delta's ~1e-3 rounding costs little
-    "refine": (DqPass(True, True, True),),  # gates: dG is a reverse cumsum, which turns delta's error into a walk
+    "refine": (DqPass(True, True, True),),  # gates: dgc is a reverse cumsum, which turns delta's error into a walk
     "exact": (DqPass(False, True, False), DqPass(False, False, True)),  # sinks: dq needs the exact delta itself
 }
 

@@ -25,7 +25,7 @@ def naive_parallel_attn(
         v: `[B, T, H, V]`; V may differ from K.
         scale: defaults to K ** -0.5.
         window_size: W; query i sees keys [i - W + 1, i]. None means full causal.
-        g: `[B, T, HQ]` log forget gate; score(i, j) += G_i - G_j with G the cumulative sum of g over T.
+        g: `[B, T, HQ]` log forget gate; score(i, j) += gc_i - gc_j with gc the cumulative sum of g over T.
         sink_bias: `[HQ]`; one extra logit per head in the softmax denominator only.
 
     Returns:
@@ -42,7 +42,7 @@ def naive_parallel_attn(
     vf = repeat(v.float(), "b t h v -> b (h g) t v", g=G)
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # [B, HQ, T(query), T(key)]
     if g is not None:
-        gc = rearrange(g.float().cumsum(1), "b t hq -> b hq t")  # G, the gate's cumsum over T
+        gc = rearrange(g.float().cumsum(1), "b t hq -> b hq t")  # gc, the gate's cumsum over T
         s = s + gc[..., :, None] - gc[..., None, :]
     i = torch.arange(T, device=q.device)
     visible = i[:, None] >= i[None, :]

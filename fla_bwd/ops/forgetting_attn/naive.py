@@ -18,7 +18,7 @@ def naive_forgetting_attn(
     """`[B, T, HQ, V]` fp32: softmax_j(scale * q_i . k_j + sum_{t=j+1}^{i} g_t) over visible j, times v.
 
     The decay is summed pairwise over a [T, T] matrix (a masked cumulative sum of g), so it does not share the
-    G_i - G_j trick of `naive_parallel_attn` that it is used to check.
+    gc_i - gc_j trick of `naive_parallel_attn` that it is used to check.
     """
     B, T, HQ, K = q.shape
     G = HQ // k.shape[2]

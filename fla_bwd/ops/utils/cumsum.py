@@ -1,5 +1,5 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Per-sequence cumulative sums over the token axis, forward (the gate's G = cumsum(g)) and reverse (its gradient)."""
+"""Per-sequence cumulative sums over the token axis, forward (the gate's gc = cumsum(g)) and reverse (its gradient)."""
 
 from typing import Optional
 
@@ -67,7 +67,7 @@ def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse, scale=1.0, 
 
 
 def gate_cumsum(g: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> torch.Tensor:
-    """`g` `[B, T, HQ]` -> G * log2(e), G the per-sequence cumsum, fp32, in the kernels' head-major layout
+    """`g` `[B, T, HQ]` -> gc * log2(e), gc the per-sequence cumsum, fp32, in the kernels' head-major layout
     `[HQ, B * T]` (base-2 units, as the attention kernels keep their scores)."""
     B, T, HQ = g.shape
     y = torch.empty(HQ, B * T, dtype=torch.float32, device=g.device)
@@ -75,11 +75,11 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> torch.Te
                  scale=1.4426950408889634)
 
 
-def gate_grad(dG_q: torch.Tensor, dG_k: torch.Tensor, B: int, T: int, cu_seqlens: Optional[torch.Tensor],
+def gate_grad(dgc_q: torch.Tensor, dgc_k: torch.Tensor, B: int, T: int, cu_seqlens: Optional[torch.Tensor],
               dtype: torch.dtype):
-    """dG = dG_q + dG_k, both `[HQ, B * T]` fp32 (gradient w.r.t. G in natural units: the query side from the dQ
+    """dgc = dgc_q + dgc_k, both `[HQ, B * T]` fp32 (gradient w.r.t. gc in natural units: the query side from the dQ
     kernel, minus the key side from the dK/dV kernel) -> dg `[B, T, HQ]` in `dtype`: the per-sequence reverse
-    cumsum of dG. Adding here in fp32 rounds exactly as the difference would have where it was computed."""
-    HQ = dG_q.shape[0]
-    y = torch.empty(B, T, HQ, dtype=dtype, device=dG_q.device)
-    return _scan(dG_q, y, cu_seqlens, B, T, HQ, (1, B * T), (HQ, 1), reverse=True, x2=dG_k)
+    cumsum of dgc. Adding here in fp32 rounds exactly as the difference would have where it was computed."""
+    HQ = dgc_q.shape[0]
+    y = torch.empty(B, T, HQ, dtype=dtype, device=dgc_q.device)
+    return _scan(dgc_q, y, cu_seqlens, B, T, HQ, (1, B * T), (HQ, 1), reverse=True, x2=dgc_k)
