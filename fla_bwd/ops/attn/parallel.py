@@ -65,9 +65,8 @@ def parallel_attn_fwd_kernel(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(
-        B, T, cu_seqlens, chunk_indices,
-        HQ=HQ, G=G, BT=BT, IS_VARLEN=IS_VARLEN)
+    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
+                                                 IS_VARLEN=IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     q_base = q + (bos * HQ + i_hq) * K
@@ -126,9 +125,8 @@ def parallel_attn_bwd_kernel_dq(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(
-        B, T, cu_seqlens, chunk_indices,
-        HQ=HQ, G=G, BT=BT, IS_VARLEN=IS_VARLEN)
+    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
+                                                 IS_VARLEN=IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     k_base = k + (bos * H + i_h) * K
@@ -289,12 +287,12 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_hq, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(
-        B, T, cu_seqlens, chunk_indices,
-        NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
+    i_hq, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT,
+                                                             IS_VARLEN=IS_VARLEN)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale, i_hq // G, i_hq,
-        i_hq, i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK,
+        q, k, v, do, dk, dv, dgc_k, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale,
+        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, i_slot=i_slot, num_slots=num_slots, bos=bos, s0=s0, o_s=o_s, m_s=m_s,
+        T=T, W=W, NTOK=NTOK,
         HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, USE_SINK=USE_SINK,
         DOT_PREC=DOT_PREC, CONTAIN=CONTAIN)
 
@@ -321,12 +319,12 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_part, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(
-        B, T, cu_seqlens, chunk_indices,
-        NH=H * SPLIT, BT=BT, IS_VARLEN=IS_VARLEN)
+    i_part, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT,
+                                                               BT=BT, IS_VARLEN=IS_VARLEN)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale, i_part // SPLIT,
-        i_part * (G // SPLIT), i_part, i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK,
+        q, k, v, do, dk, dv, dgc_k, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale,
+        i_h=i_part // SPLIT, i_hq0=i_part * (G // SPLIT), i_head=i_part, i_slot=i_slot, num_slots=num_slots, bos=bos,
+        s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
         HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
         USE_SINK=USE_SINK, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN)
 
