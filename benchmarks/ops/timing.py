@@ -2,7 +2,8 @@
 """Timing: CUDA events with an L2 flush before every iteration, interleaved candidates, summary statistics.
 
 The one timing method of this repository: the runner (`benchmarks.ops.run`), the pytest-benchmark entry point
-(`benchmarks/ops/bench_pytest.py`, flush and synchronize) and `benchmarks/tools/tune_attn.py` (`median_us`) all time here.
+(`benchmarks/ops/bench_pytest.py`, flush and synchronize) and `benchmarks/tools/tune_attn.py` (`median_us`) all
+time here.
 On a machine without CUDA (the `--smoke` self-test) the same code times with time.perf_counter; such numbers
 are labelled as not performance numbers by the runner.
 """
