@@ -32,9 +32,9 @@ def group_sum_kernel(dk_part, dv_part, dk, dv, R, S: tl.constexpr, K: tl.constex
     """Grid (cdiv(R, BR), 2): axis 1 picks dK (0) or dV (1)."""
     i_r = tl.program_id(0)
     if tl.program_id(1) == 0:
-        _sum_rows(dk_part, dk, i_r, R, S, K, BR, BK)
+        _sum_rows(dk_part, dk, i_r, R, S=S, D=K, BR=BR, BD=BK)
     else:
-        _sum_rows(dv_part, dv, i_r, R, S, V, BR, BV)
+        _sum_rows(dv_part, dv, i_r, R, S=S, D=V, BR=BR, BD=BV)
 
 
 _launch_group_sum = Launcher(group_sum_kernel)
