@@ -429,7 +429,7 @@ def dkv_one_head(
     has already stored the query side, from fp32 row sums and the fp32 delta (see `dq_block`); this stores minus the
     key side into its own buffer (`dgk_base`), and the reverse cumsum of dg adds the two (`gate_grad`): a plain store,
     so that a program that recomputes its tile (see `any_nonfinite`) overwrites what it wrote the first time.
-    The closed form delta_j * p_sink_j of the full query-side sum was used before: exact, but it keeps dS_jj.
+    Not the closed form delta_j * p_sink_j of the full query-side sum: exact, but it keeps dS_jj (PERF.md #12).
     """
     o_s = s0 + tl.arange(0, BT)
     m_s = o_s < T
