@@ -107,7 +107,7 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
     base = dict(q=t(), k=t(), v=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=gate, cu_seqlens=None,
                 chunk_indices=None, scale=0.1, T=100, W=100, NTOK=100, B=1, **dims)
     dkv = dict(base, do=t(), dgc_k=gate, dsink_partial=sk, delta=t(f32), sink_bias=sk)
-    # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `host.launch_contained`).
+    # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `host.add_contained`).
     plain = [
         ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
         ("dq", P.parallel_attn_bwd_kernel_dq,

@@ -184,17 +184,18 @@ def check_against_oracle(case: Case, x: Optional[Inputs] = None, fn: Optional[Ca
 
 
 class DkvSpy:
-    """Records the name of the kernel of every dK/dV launch (`host.attn_bwd_dkv`) during a test."""
+    """Records the name of the dK/dV kernel of every backward (`host.dkv_kernel`) during a test."""
 
     def __init__(self, monkeypatch):
         self.paths = []
-        original = host_module.attn_bwd_dkv
+        original = host_module.dkv_kernel
 
-        def spy(*args, **kwargs):
-            self.paths.append((kwargs["kernel"] if "kernel" in kwargs else args[-1]).name)
-            return original(*args, **kwargs)
+        def spy(call):
+            kernel = original(call)
+            self.paths.append(kernel.name)
+            return kernel
 
-        monkeypatch.setattr(host_module, "attn_bwd_dkv", spy)
+        monkeypatch.setattr(host_module, "dkv_kernel", spy)
 
 
 def run_isolated(module: str, func: str, *args, timeout: float = 600) -> None:

@@ -165,3 +165,38 @@ def test_cu_seqlens_on_wrong_device():
         parallel_attn(q.cuda(), k.cuda(), v.cuda(), cu_seqlens=cu)
     with pytest.raises(ValueError, match="^cu_seqlens must be on the inputs' device"):
         parallel_attn(q, k, v, cu_seqlens=cu.cuda())
+
+
+# ------------------------------------------------------------------------------------------------------------
+# cu_seqlens edited in place without a version bump (issue 19)
+# ------------------------------------------------------------------------------------------------------------
+
+def test_cu_seqlens_edited_without_a_version_bump():
+    """Offsets edited through views that do not bump the tensor's version counter (`.data`; on the CPU also
+    `.numpy()`) are read anew at the next call: output and gradients equal, bitwise, a call with a fresh tensor of
+    the new offsets, and an edit that makes them invalid raises before any kernel runs."""
+    T, HQ, H, D = 60, 2, 1, 32
+    q, k, v = (torch.randn(1, T, h, D, device=DEVICE, dtype=bf16, requires_grad=True) for h in (HQ, H, H))
+    do = torch.randn(1, T, HQ, D, device=DEVICE, dtype=bf16)
+
+    def run(cu):
+        o = parallel_attn(q, k, v, cu_seqlens=cu)
+        return (o,) + torch.autograd.grad(o, (q, k, v), do)
+
+    cu = torch.tensor([0, 10, T], dtype=torch.int32, device=DEVICE)
+    first = run(cu)
+    version = cu._version
+    edits = [(1, 45)] + ([(1, 25)] if cu.device.type == "cpu" else [])
+    for i, (index, value) in enumerate(edits):
+        if i == 0:
+            cu.data[index] = value
+        else:
+            cu.numpy()[index] = value
+        assert cu._version == version  # the edit is invisible to the version counter
+        fresh = torch.tensor([0, value, T], dtype=torch.int32, device=DEVICE)
+        for got, want in zip(run(cu), run(fresh)):
+            assert torch.equal(got, want)
+    assert not torch.equal(first[0], run(cu)[0])
+    cu.data[1] = T + 10  # not non-decreasing any more
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+        parallel_attn(q, k, v, cu_seqlens=cu)

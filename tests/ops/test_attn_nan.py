@@ -7,7 +7,7 @@ non-finite q, k, v or do row (or the lse/delta of a row that depends on one) wou
 that cannot see it. The kernels' masked blocks (`MASK=True` in fla_bwd/ops/attn/inner.py) with SAFE mask after
 the arithmetic and zero non-finite operand rows (`finite_rows`, `row_flags`); in unmasked blocks every row depends
 on every key, so NaN spreading there is correct. SAFE runs only for tiles whose plain computation gave a non-finite
-output, either in the same launch or in a second one (`host.launch_contained`); every case runs both ways.
+output, either in the same launch or in a second one (`host.add_contained`); every case runs both ways.
 """
 
 import math

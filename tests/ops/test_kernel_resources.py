@@ -90,5 +90,5 @@ def test_kernels_fit_hopper_shared_memory(dtype):
                              "--jobs", "2"], env)
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    # 4 kernels x 3 CONTAIN modes (see `host.launch_contained`) x 3 head dims, each reported
+    # 4 kernels x 3 CONTAIN modes (see `host.add_contained`) x 3 head dims, each reported
     assert out.count("smem") == 36, out

@@ -35,7 +35,7 @@ def parallel_attn_fwd_op(
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, the gate's cumsum or empty). `window_size` 0 means full causal."""
-    o, lse, g_cumsum = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
+    o, lse, g_cumsum, _ = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     return o, lse, g_cumsum if g_cumsum is not None else _empty_f32(q.device)
 
 
@@ -66,18 +66,19 @@ def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, wi
             torch.empty_like(sink_bias) if sink_bias is not None else empty)
 
 
-def _save(ctx, inputs, output):
+def _save(ctx, inputs, output, call=None):
     q, k, v, g, sink_bias, cu_seqlens, scale, window_size = inputs
     o, lse, g_cumsum = output
     ctx.save_for_backward(q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens)
-    ctx.scale, ctx.window_size = scale, window_size
+    ctx.scale, ctx.window_size, ctx.call = scale, window_size, call
 
 
-def _gradients(ctx, do, backward):
-    """The gradients of the forward's 8 inputs from `do`, through `backward` (the custom op or `host.backward`)."""
+def _gradients(ctx, do, backward, *call):
+    """The gradients of the forward's 8 inputs from `do`, through `backward` (the custom op, or `host.backward`
+    with the forward's `host.Call`)."""
     q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens = ctx.saved_tensors
     dq, dk, dv, dg, dsink = backward(do.contiguous(), q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens,
-                                     ctx.scale, ctx.window_size)
+                                     ctx.scale, ctx.window_size, *call)
     return (dq, dk, dv, dg if g is not None else None, dsink if sink_bias is not None else None, None, None, None)
 
 
@@ -106,16 +107,16 @@ class EagerParallelAttn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
-        o, lse, g_cumsum = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size), (o, lse, g_cumsum))
+        o, lse, g_cumsum, call = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
+        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size), (o, lse, g_cumsum), call)
         return o
 
     @staticmethod
     def backward(ctx, do):
+        if not torch.is_grad_enabled():  # a plain backward (autograd runs it without grad unless create_graph)
+            return _gradients(ctx, do, host.backward, ctx.call)
         with torch.no_grad():
-            grads = _gradients(ctx, do, host.backward)
-        if not torch.is_grad_enabled():
-            return grads
+            grads = _gradients(ctx, do, host.backward, ctx.call)
         # create_graph=True: hand back gradients that refuse a second differentiation with a clear error (as the
         # custom op's backward does), rather than silently non-differentiable ones. The saved inputs (which
         # require grad) go in too, so that the outputs carry this node.

@@ -59,13 +59,13 @@ INLINE_CONTAINMENT_WORK = 2**29
 
 
 class DqPass(NamedTuple):
-    """One launch of the dQ kernel (see `host.attn_bwd_dq`)."""
+    """One launch of the dQ kernel (see `host.add_dq`)."""
     delta_from_o: bool  # compute delta = rowsum(o * dO) of the rows (else read it)
     refine_delta: bool  # overwrite delta with the fp32 rowsum(P * dP) for the dK/dV kernel
     compute_dq: bool  # compute and store dq (else only the refinement)
 
 
-# The dQ launches for each way of computing delta (see `host.attn_bwd_dq`).
+# The dQ launches for each way of computing delta (see `host.add_dq`).
 DQ_PASSES = {
     "rounded": (DqPass(True, False, True),),  # no gate, no sink: delta's ~1e-3 rounding costs little
     "refine": (DqPass(True, True, True),),  # gates: dgc is a reverse cumsum, which turns delta's error into a walk

@@ -1,14 +1,16 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""The host side of `parallel_attn`: buffers, NaN/Inf containment, and one launch per kernel.
+"""The host side of `parallel_attn`: buffers, NaN/Inf containment, and the launches of a forward and a backward.
 
-`forward` and `backward` are the whole computation of a call (the autograd layer calls nothing else); `attn_fwd`,
-`attn_bwd_dq` and `attn_bwd_dkv` each launch one kernel of `parallel.py` through `launch_contained`, which runs it
-once or twice (see there) through a `Launcher`. Tile configs and policies come from `config.py`.
+`forward` and `backward` are the whole computation of a call (the autograd layer calls nothing else). Each looks up
+the call's `Plan` (`fla_bwd.ops.utils.launch`), keyed on everything the plan is built from, and runs it; a plan is
+built once per kind of call by `_build_forward` / `_build_backward`, which add one kernel's launches each through
+`add_fwd`, `add_dq`, `add_dkv` and `add_contained` (see there). So a call's host work is its key, its buffers
+and its launches (issue 19). Tile configs and policies come from `config.py`.
 """
 
 import contextlib
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -17,23 +19,95 @@ from fla_bwd.ops.attn.config import DQ_PASSES, INLINE_CONTAINMENT_WORK, tile_con
 from fla_bwd.ops.attn.inner import FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.parallel import (
     DkvKernel,
+    dkv_kernel_for,
     parallel_attn_bwd_kernel_dkv_per_kv_head,
     parallel_attn_bwd_kernel_dkv_per_query_head,
     parallel_attn_bwd_kernel_dq,
     parallel_attn_fwd_kernel,
-    select_dkv_kernel,
 )
-from fla_bwd.ops.utils.checks import check_cu_seqlens_values
-from fla_bwd.ops.utils.cumsum import gate_cumsum, gate_grad
-from fla_bwd.ops.utils.group_sum import group_sum
-from fla_bwd.ops.utils.index import chunk_indices
-from fla_bwd.ops.utils.launch import Launcher
+from fla_bwd.ops.utils.cumsum import add_gate_cumsum, add_gate_grad
+from fla_bwd.ops.utils.group_sum import add_group_sum
+from fla_bwd.ops.utils.index import VarlenTiles, sequence_lengths, varlen_tiles
+from fla_bwd.ops.utils.launch import Empty, Plan, Ref, aligned
 from fla_bwd.utils import cdiv, next_power_of_2
 
-_fwd = Launcher(parallel_attn_fwd_kernel)
-_dq = Launcher(parallel_attn_bwd_kernel_dq)
-_dkv_per_query_head = Launcher(parallel_attn_bwd_kernel_dkv_per_query_head)
-_dkv_per_kv_head = Launcher(parallel_attn_bwd_kernel_dkv_per_kv_head)
+_F32 = torch.float32
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a plan is built from
+# ----------------------------------------------------------------------------------------------------------------
+
+class Shape(NamedTuple):
+    """The call's sizes and flags that a plan is built from (with `tiles` for packed calls)."""
+    device: torch.device
+    B: int
+    T: int
+    HQ: int
+    H: int
+    K: int
+    V: int
+    dtype: torch.dtype
+    g_dtype: Optional[torch.dtype]  # None: no gate
+    sink_dtype: Optional[torch.dtype]  # None: no sink
+    scale: float
+    W: int  # the window clamped to T (`_window`)
+    containment: str  # settings.forced_containment() at the call
+
+
+class Call(NamedTuple):
+    """What the forward of a call decided, which its backward reuses: the plan key (a `Shape`, the packed tile
+    counts and the inputs' alignment) and the packed offsets read at the forward (None when dense)."""
+    key: tuple
+    shape: Shape
+    tiles: Optional[VarlenTiles]
+
+
+def _window(window_size: int, T: int) -> int:
+    # W == T already admits every causal pair; clamping keeps the kernels' int32 range arithmetic small.
+    return T if window_size == 0 else min(window_size, max(T, 1))
+
+
+def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int) -> Call:
+    """The `Call` of validated contiguous inputs; reads and checks `cu_seqlens`' values (`varlen_tiles`)."""
+    B, T, HQ, K = q.shape
+    tiles = varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None
+    shape = Shape(q.device, B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, g.dtype if g is not None else None,
+                  sink_bias.dtype if sink_bias is not None else None, scale, _window(window_size, T),
+                  settings.forced_containment())
+    key = (shape, tiles.key if tiles is not None else None,
+           aligned(q), aligned(k), aligned(v), aligned(g), aligned(sink_bias), aligned(cu_seqlens))
+    return Call(key, shape, tiles)
+
+
+# Plans by key. Cleared when full: a process that keeps changing shapes rebuilds, one that trains reuses.
+_PLANS: dict = {}
+_MAX_PLANS = 512
+
+
+def _plan(key: tuple, build, *args) -> Plan:
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = build(*args)
+    return plan
+
+
+def _run(plan: Plan, env: dict, tiles: Optional[VarlenTiles]) -> dict:
+    if tiles is not None:
+        for BT in plan.tile_sizes:
+            env[f"chunks{BT}"] = tiles.chunk_indices(BT)
+    with _on_device(plan.device):
+        return plan.run(env)
+
+
+def _on_device(device: torch.device):
+    """Triton launches on the current CUDA device (and its current stream): inputs on another GPU need it switched
+    for the call (a tensor on cuda:1 while cuda:0 is current would otherwise be read from the wrong device)."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -42,15 +116,15 @@ _dkv_per_kv_head = Launcher(parallel_attn_bwd_kernel_dkv_per_kv_head)
 
 def contain_inline(B: int, HQ: int, T: int, W: int, D: int) -> bool:
     """Whether the kernels of one call contain a NaN/Inf input inline (one launch) rather than in two launches
-    (see `launch_contained`); both contain exactly. FLA_BWD_CONTAINMENT forces either (for A/B timing and the
-    tests, which run every NaN/Inf case both ways)."""
+    (see `add_contained`); both contain exactly. FLA_BWD_CONTAINMENT forces either (for A/B timing and the
+    tests, which run every NaN/Inf case both ways; plans are keyed on it, `Shape.containment`)."""
     forced = settings.forced_containment()
     if forced != "auto":
         return forced == "inline"
     return B * HQ * T * min(T, W) * D < INLINE_CONTAINMENT_WORK
 
 
-def launch_contained(launcher: Launcher, programs: int, args: dict) -> None:
+def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict) -> None:
     """Launch a kernel over `programs` programs so that a non-finite input reaches only the outputs that depend
     on it, in one of two ways, both exact (see `inner.any_nonfinite`):
     - two launches: a FLAG launch computes every tile plainly and stores per program whether its outputs are not
@@ -58,58 +132,56 @@ def launch_contained(launcher: Launcher, programs: int, args: dict) -> None:
       other programs read one byte and return);
     - inline: one launch; a program whose outputs are not finite recomputes its tile with containment at once.
     Inline keeps the contained copy of the loops in the kernel, which makes the compiler schedule the plain loops
-    worse; two launches cost one more launch of host time (`Launcher.launch_each` binds the arguments once).
-    `contain_inline` picks by the amount of work (PERF.md #17, #18, #31). `args` is the caller's fresh dict of
-    launch arguments: completed in place and passed on whole (no copy per launch)."""
-    if contain_inline(args["B"], args["HQ"], args["T"], args["W"], max(args["K"], args["V"])):
-        args.update(nonfinite=None, CONTAIN=INLINE.value)
-        launcher.launch((programs,), args)
+    worse; two launches cost one more launch of host time. `contain_inline` picks by the amount of work (PERF.md
+    #17, #18, #31)."""
+    if contain_inline(s.B, s.HQ, s.T, s.W, max(s.K, s.V)):
+        plan.launch(kernel, (programs,), nonfinite=None, CONTAIN=INLINE.value, **args)
         return
-    args["nonfinite"] = torch.empty(programs, dtype=torch.int8, device=args["q"].device)
-    launcher.launch_each((programs,), args, "CONTAIN", (FLAG.value, FIXUP.value))
+    # One flag buffer for every pair of the call (`_finish` allocates it): each FLAG launch writes all the flags
+    # its FIXUP reads, and the pairs run in stream order. One allocation less per pair on the host.
+    plan.flags = max(plan.flags, programs)
+    for mode in (FLAG, FIXUP):
+        plan.launch(kernel, (programs,), nonfinite=Ref("flags"), CONTAIN=mode.value, **args)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # One kernel each
 # ----------------------------------------------------------------------------------------------------------------
 
-def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
-    """Head counts, head dims and their blocks, dot precision: launch arguments fixed by the inputs' shapes and
-    dtype (read-only: callers spread it into launch arguments)."""
-    return _dims_of(q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.dtype)
-
-
 @functools.lru_cache(maxsize=None)
 def _dims_of(HQ: int, H: int, K: int, V: int, dtype: torch.dtype) -> dict:
+    """Head counts, head dims and their blocks, dot precision: launch arguments fixed by the inputs' shapes and
+    dtype (read-only: callers spread it into launch arguments)."""
     return dict(HQ=HQ, H=H, G=HQ // H, K=K, V=V, BK=max(16, next_power_of_2(K)), BV=max(16, next_power_of_2(V)),
                 DOT_PREC="ieee" if dtype == torch.float32 else "tf32")
 
 
-def _tiles(B: int, T: int, cu_seqlens: Optional[torch.Tensor], BT: int):
-    """(number of tiles per head program, chunk_indices or None)."""
-    if cu_seqlens is None:
-        return cdiv(T, BT), None
-    indices = chunk_indices(cu_seqlens, BT)
-    return indices.shape[0], indices
+def _common(plan: Plan, s: Shape, tiles: Optional[VarlenTiles], kernel: str):
+    """(tile config, tiles per head program, launch arguments every attention kernel takes) for `kernel`."""
+    cfg = tile_config(kernel, max(s.K, s.V), s.dtype)
+    BT = cfg["BT"]
+    if tiles is None:
+        NT, chunks = cdiv(s.T, BT), None
+    else:
+        NT, chunks = tiles.num_tiles(BT), Ref(f"chunks{BT}")
+        plan.tile_sizes.add(BT)
+    args = dict(q=Ref("q"), k=Ref("k"), v=Ref("v"), cu_seqlens=Ref("cu_seqlens") if tiles is not None else None,
+                chunk_indices=chunks, scale=s.scale, T=s.T, W=s.W, NTOK=s.B * s.T, B=s.B,
+                **_dims_of(s.HQ, s.H, s.K, s.V, s.dtype), **cfg)
+    return cfg, NT, args
 
 
-def attn_fwd(q, k, v, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens):
-    """Returns o `[B, T, HQ, V]` (q's dtype) and the base-2 log-sum-exp `[HQ, B * T]` (fp32)."""
-    B, T, HQ, _ = q.shape
-    dims = _dims(q, k, v)
-    cfg = tile_config("fwd", max(dims["K"], dims["V"]), q.dtype)
-    o = torch.empty(B, T, HQ, dims["V"], dtype=q.dtype, device=q.device)
-    lse = torch.empty(HQ, B * T, dtype=torch.float32, device=q.device)
-    NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
+def add_fwd(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref]) -> None:
+    """o `[B, T, HQ, V]` (q's dtype) and the base-2 log-sum-exp lse `[HQ, B * T]` (fp32)."""
+    o = plan.empty("o", (s.B, s.T, s.HQ, s.V), s.dtype)
+    lse = plan.empty("lse", (s.HQ, s.B * s.T), _F32)
+    _, NT, args = _common(plan, s, tiles, "fwd")
     if NT > 0:
-        launch_contained(_fwd, NT * B * HQ, dict(
-            q=q, k=k, v=v, o=o, lse=lse, g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens,
-            chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B, **dims, **cfg,
-        ))
-    return o, lse
+        add_contained(plan, s, parallel_attn_fwd_kernel, NT * s.B * s.HQ,
+                       dict(args, o=o, lse=lse, g_cumsum=gc, sink_bias=sink))
 
 
-def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dgc_q, scale: float, W: int, cu_seqlens, delta_mode: str):
+def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str) -> None:
     """dq in q's dtype, and delta `[HQ, B * T]` fp32 for the dK/dV kernel. `delta_mode` (a key of
     `config.DQ_PASSES`) says how delta (rowsum(o * dO), from the rounded o) is computed and treated:
     - "rounded": used as is (no gate, no sink: its ~1e-3 relative error costs dq and dk little);
@@ -120,98 +192,126 @@ def attn_bwd_dq(q, k, v, o, do, lse, g_cumsum, dgc_q, scale: float, W: int, cu_s
       sink, dP - delta = p_sink * dP on a row that sees few keys, a small difference that the rounded delta
       swamps; PERF.md #8).
     """
-    B, T, HQ, _ = q.shape
-    dims = _dims(q, k, v)
-    cfg = tile_config("dq", max(dims["K"], dims["V"]), q.dtype)
-    dq = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
-    delta = torch.empty(HQ, B * T, dtype=torch.float32, device=q.device)
-    NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
+    dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
+    delta = plan.empty("delta", (s.HQ, s.B * s.T), _F32)
+    _, NT, args = _common(plan, s, tiles, "dq")
     for step in DQ_PASSES[delta_mode] if NT > 0 else ():
-        launch_contained(_dq, NT * B * HQ, dict(
-            q=q, k=k, v=v, o=o, do=do, dq=dq, dgc_q=dgc_q, lse=lse, delta=delta, g_cumsum=g_cumsum,
-            cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T, W=W, NTOK=B * T, B=B,
-            DELTA_FROM_O=step.delta_from_o, REFINE_DELTA=step.refine_delta, COMPUTE_DQ=step.compute_dq,
-            **dims, **cfg,
-        ))
-    return dq, delta
+        add_contained(plan, s, parallel_attn_bwd_kernel_dq, NT * s.B * s.HQ, dict(
+            args, o=Ref("o"), do=Ref("do"), dq=dq, dgc_q=dgc_q, lse=Ref("lse"), delta=delta, g_cumsum=gc,
+            DELTA_FROM_O=step.delta_from_o, REFINE_DELTA=step.refine_delta, COMPUTE_DQ=step.compute_dq))
 
 
-def attn_bwd_dkv(q, k, v, do, lse, delta, g_cumsum, sink_bias, scale: float, W: int, cu_seqlens,
-                 kernel: DkvKernel):
-    """dk, dv in the inputs' dtypes; dgc_k `[HQ, B * T]` fp32, minus the key side of the gradient w.r.t. the
-    gate's cumsum (None without a gate; the dQ kernel stored the query side, `gate_grad` adds the two); dsink
-    `[HQ]` fp32 (None without a sink). `kernel` (from `select_dkv_kernel`) says which kernel computes them."""
-    B, T, HQ, K = q.shape
-    dims = _dims(q, k, v)
-    H, V = dims["H"], dims["V"]
-    cfg = tile_config("dkv", max(K, V), q.dtype)
+def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref], kernel: DkvKernel) -> None:
+    """dk, dv in the inputs' dtypes; "dgc_k" `[HQ, B * T]` fp32, minus the key side of the gradient w.r.t. the
+    gate's cumsum (gates only; the dQ kernel stored the query side, `add_gate_grad` adds the two); "dsink_partial"
+    `[HQ, programs]` fp32 (sinks only). `kernel` (from `dkv_kernel_for`) says which kernel computes them."""
     if kernel.per_kv_head:
-        launcher, NH, extra = _dkv_per_kv_head, H * kernel.split, {"SPLIT": kernel.split}
+        launched, NH, extra = parallel_attn_bwd_kernel_dkv_per_kv_head, s.H * kernel.split, {"SPLIT": kernel.split}
     else:
         # One dK/dV per query head; with G > 1 they are summed in fp32 below.
-        launcher, NH, extra = _dkv_per_query_head, HQ, {}
-    acc_dtype = q.dtype if NH == H else torch.float32
-    dk = torch.empty(B, T, NH, K, dtype=acc_dtype, device=q.device)
-    dv = torch.empty(B, T, NH, V, dtype=acc_dtype, device=q.device)
-    NT, indices = _tiles(B, T, cu_seqlens, cfg["BT"])
-    partial = torch.empty(HQ, NT * B, dtype=torch.float32, device=q.device) if sink_bias is not None else None
-    dgc_k = torch.empty(*lse.shape, dtype=torch.float32, device=q.device) if g_cumsum is not None else None
+        launched, NH, extra = parallel_attn_bwd_kernel_dkv_per_query_head, s.HQ, {}
+    partials = NH != s.H
+    acc_dtype = _F32 if partials else s.dtype
+    dk = plan.empty("dk_part" if partials else "dk", (s.B, s.T, NH, s.K), acc_dtype)
+    dv = plan.empty("dv_part" if partials else "dv", (s.B, s.T, NH, s.V), acc_dtype)
+    _, NT, args = _common(plan, s, tiles, "dkv")
+    partial = plan.empty("dsink_partial", (s.HQ, NT * s.B), _F32) if sink is not None else None
+    dgc_k = plan.empty("dgc_k", (s.HQ, s.B * s.T), _F32) if gc is not None else None
     if NT > 0:
-        launch_contained(launcher, NT * B * NH, dict(
-            q=q, k=k, v=v, do=do, dk=dk, dv=dv, dgc_k=dgc_k, dsink_partial=partial, lse=lse, delta=delta,
-            g_cumsum=g_cumsum, sink_bias=sink_bias, cu_seqlens=cu_seqlens, chunk_indices=indices, scale=scale, T=T,
-            W=W, NTOK=B * T, B=B, **dims, **cfg, **extra,
-        ))
-    if NH != H:
-        dk, dv = group_sum(dk, dv, H, q.dtype)
-    dsink = partial.sum(1) if partial is not None else None
-    return dk, dv, dgc_k, dsink
+        add_contained(plan, s, launched, NT * s.B * NH, dict(
+            args, do=Ref("do"), dk=dk, dv=dv, dgc_k=dgc_k, dsink_partial=partial, lse=Ref("lse"),
+            delta=Ref("delta"), g_cumsum=gc, sink_bias=sink, **extra))
+    if partials:
+        add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, s.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # A whole forward, a whole backward
 # ----------------------------------------------------------------------------------------------------------------
 
-def _on_device(device: torch.device):
-    """Triton launches on the current CUDA device (and its current stream): inputs on another GPU need it switched
-    for the call (a tensor on cuda:1 while cuda:0 is current would otherwise be read from the wrong device)."""
-    if device.type == "cuda" and device.index != torch.cuda.current_device():
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
+def _as_f32(x: torch.Tensor) -> torch.Tensor:
+    return x.float().contiguous()
 
 
-def _window(window_size: int, T: int) -> int:
-    # W == T already admits every causal pair; clamping keeps the kernels' int32 range arithmetic small.
-    return T if window_size == 0 else min(window_size, max(T, 1))
+def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
+    return s.B if tiles is None else len(tiles.lengths)
+
+
+def _new_plan(s: Shape) -> Plan:
+    plan = Plan(s.device)
+    plan.tile_sizes = set()  # the BTs whose packed tile lists `_run` binds ("chunks{BT}")
+    plan.flags = 0  # programs of the largest two-launch pair (`add_contained`)
+    return plan
+
+
+def _finish(plan: Plan) -> Plan:
+    if plan.flags:
+        plan.steps.insert(0, Empty("flags", (plan.flags,), torch.int8))
+    return plan
+
+
+def _build_forward(s: Shape, tiles: Optional[VarlenTiles]) -> Plan:
+    plan = _new_plan(s)
+    cu = Ref("cu_seqlens") if tiles is not None else None
+    gc = None
+    if s.g_dtype is not None:
+        gc = add_gate_cumsum(plan, Ref("g"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, (s.HQ, 1))
+    sink = plan.apply("sink", _as_f32, Ref("sink_bias")) if s.sink_dtype is not None else None
+    add_fwd(plan, s, tiles, gc, sink)
+    return _finish(plan)
 
 
 def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int):
-    """(o, lse, the gate's cumsum gc times log2 e or None), for validated contiguous inputs. `window_size` 0 means
-    full causal."""
-    with _on_device(q.device):
-        if cu_seqlens is not None:
-            check_cu_seqlens_values(cu_seqlens, q.shape[1])
-        W = _window(window_size, q.shape[1])
-        g_cumsum = gate_cumsum(g, cu_seqlens) if g is not None else None
-        sink = sink_bias.float().contiguous() if sink_bias is not None else None
-        o, lse = attn_fwd(q, k, v, g_cumsum, sink, scale, W, cu_seqlens)
-        return o, lse, g_cumsum
+    """(o, lse, the gate's cumsum gc times log2 e or None, the `Call` for the backward), for validated contiguous
+    inputs. `window_size` 0 means full causal."""
+    call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
+    plan = _plan(call.key, _build_forward, call.shape, call.tiles)
+    env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens), call.tiles)
+    return env["o"], env["lse"], env.get("gc"), call
 
 
-def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int):
-    """(dq, dk, dv, dg or None, dsink or None): dg and dsink in g's and sink_bias's dtypes."""
-    with _on_device(q.device):
-        B, T = q.shape[:2]
-        W = _window(window_size, T)
-        gc = g_cumsum if g is not None else None
-        sink = sink_bias.float().contiguous() if sink_bias is not None else None
-        delta_mode = "exact" if sink is not None else "refine" if gc is not None else "rounded"
-        # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its
-        # key side, and the reverse cumsum adds them.
-        dgc_q = torch.empty(*lse.shape, dtype=torch.float32, device=q.device) if gc is not None else None
-        kernel = select_dkv_kernel(q, k, v, W, cu_seqlens)
-        dq, delta = attn_bwd_dq(q, k, v, o, do, lse, gc, dgc_q, scale, W, cu_seqlens, delta_mode)
-        dk, dv, dgc_k, dsink = attn_bwd_dkv(q, k, v, do, lse, delta, gc, sink, scale, W, cu_seqlens, kernel)
-        dg = gate_grad(dgc_q, dgc_k, B, T, cu_seqlens, g.dtype) if g is not None else None
-        dsink = dsink.to(sink_bias.dtype) if sink_bias is not None else None
-        return dq, dk, dv, dg, dsink
+def _delta_mode(s: Shape) -> str:
+    return "exact" if s.sink_dtype is not None else "refine" if s.g_dtype is not None else "rounded"
+
+
+def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: DkvKernel) -> Plan:
+    plan = _new_plan(s)
+    gc = Ref("gc") if s.g_dtype is not None else None
+    sink = plan.apply("sink", _as_f32, Ref("sink_bias")) if s.sink_dtype is not None else None
+    # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its key
+    # side, and the reverse cumsum adds them.
+    dgc_q = plan.empty("dgc_q", (s.HQ, s.B * s.T), _F32) if gc is not None else None
+    add_dq(plan, s, tiles, gc, dgc_q, _delta_mode(s))
+    add_dkv(plan, s, tiles, gc, sink, kernel)
+    if gc is not None:
+        cu = Ref("cu_seqlens") if tiles is not None else None
+        add_gate_grad(plan, dgc_q, Ref("dgc_k"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, s.g_dtype)
+    if sink is not None:
+        plan.apply("dsink", functools.partial(_sum_partials, dtype=s.sink_dtype), Ref("dsink_partial"))
+    return _finish(plan)
+
+
+def _sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return partial.sum(1).to(dtype)
+
+
+def dkv_kernel(call: Call) -> DkvKernel:
+    """The dK/dV kernel of this call's backward (`parallel.dkv_kernel_for`, settings read now)."""
+    s = call.shape
+    return dkv_kernel_for(s.B, s.T, s.HQ, s.H, s.K, s.V, s.dtype, s.device, s.W,
+                          sequence_lengths(s.B, s.T, call.tiles), settings.forced_dkv_path())
+
+
+def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,
+             call: Optional[Call] = None):
+    """(dq, dk, dv, dg or None, dsink or None): dg and dsink in g's and sink_bias's dtypes. `call` is the forward's
+    (`forward` returns it); without it (the custom-op path) it is made again from the inputs."""
+    if call is None:
+        call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
+    kernel = dkv_kernel(call)
+    containment = settings.forced_containment()
+    plan = _plan((call.key, kernel, aligned(do), containment), _build_backward,
+                 call.shape._replace(containment=containment), call.tiles, kernel)
+    env = _run(plan, dict(q=q, k=k, v=v, o=o, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
+                          cu_seqlens=cu_seqlens), call.tiles)
+    return env["dq"], env["dk"], env["dv"], env.get("dg"), env.get("dsink")

@@ -25,7 +25,7 @@ import triton.language as tl
 LOG2E = tl.constexpr(1.4426950408889634)
 
 # How a kernel keeps a NaN/Inf input to the outputs that depend on it: its `CONTAIN` constexpr (see `any_nonfinite`
-# and `host.launch_contained`, which picks one per call).
+# and `host.add_contained`, which picks one per call).
 INLINE = tl.constexpr(0)  # one launch: a program whose outputs are not finite computes its tile again with SAFE
 FLAG = tl.constexpr(1)  # first of two launches: plain tiles; each program stores whether its outputs are not finite
 FIXUP = tl.constexpr(2)  # second launch: only the flagged programs run, with SAFE, and overwrite their outputs
@@ -136,7 +136,7 @@ def any_nonfinite(b_x):
     Every kernel computes its tile first without the NaN/Inf containment of the masked blocks (SAFE=False: the
     masked zeros of P and dS simply multiply their operands) and tests its outputs with this; only a tile with a
     non-finite output is computed again with SAFE=True, in the same program or in a second launch (the kernels'
-    CONTAIN modes INLINE, FLAG and FIXUP; `host.launch_contained` picks). This is exact: the plain pass can
+    CONTAIN modes INLINE, FLAG and FIXUP; `host.add_contained` picks). This is exact: the plain pass can
     only add NaN (0 * NaN, 0 * Inf) to what the contained pass computes, never remove one, so finite outputs of the
     plain pass are the contained result. Containment inside every masked block instead slowed the loops: the
     zeroed operands left the shared-memory path of the matrix products and raised the spills (PERF.md #15)."""

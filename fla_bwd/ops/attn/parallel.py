@@ -37,7 +37,7 @@ from fla_bwd.ops.attn.inner import (
     query_tile,
 )
 from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
-from fla_bwd.ops.utils.index import seqlen_offsets
+from fla_bwd.ops.utils.index import sequence_lengths, varlen_tiles
 
 _HEURISTICS = {
     "USE_G": lambda args: args["g_cumsum"] is not None,
@@ -60,7 +60,7 @@ def parallel_attn_fwd_kernel(
     CONTAIN: tl.constexpr,
 ):
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
-    input is kept to the outputs that depend on it (see `host.launch_contained`)."""
+    input is kept to the outputs that depend on it (see `host.add_contained`)."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
@@ -120,7 +120,7 @@ def parallel_attn_bwd_kernel_dq(
     launch: a launch costs more host time than this sum costs the GPU, PERF.md #14); otherwise it reads
     delta. With REFINE_DELTA it also replaces delta by rowsum(P * dP) for the kernels that run next (see the end
     of this kernel), and with gates it stores the query side of dgc (see `dkv_one_head`); without COMPUTE_DQ it
-    does only that (the first of two passes, see `host.attn_bwd_dq`). CONTAIN as in the forward kernel."""
+    does only that (the first of two passes, see `host.add_dq`). CONTAIN as in the forward kernel."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
@@ -151,7 +151,7 @@ def parallel_attn_bwd_kernel_dq(
     elif COMPUTE_DQ:
         b_delta = tl.load(delta + row_base + o_t, mask=m_t, other=0)
     else:
-        # The first pass of the "exact" delta (sinks, see `host.attn_bwd_dq`) computes delta; nothing has written it
+        # The first pass of the "exact" delta (sinks, see `host.add_dq`) computes delta; nothing has written it
         # yet, and that pass does not use it.
         b_delta = tl.zeros([BT], dtype=tl.float32)
     b_gq = tl.zeros([BT], dtype=tl.float32)
@@ -249,7 +249,7 @@ def _dkv_tile(
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
 ):
     """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
-    i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.launch_contained`; the dsink partials
+    i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the dsink partials
     and the key side of dgc are plain stores, so a recomputed tile overwrites them)."""
     b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H=H, K=K, V=V, BK=BK, BV=BV)
     b_dk, b_dv = _dkv_heads(
@@ -354,32 +354,39 @@ _BY_NAME = {"gqa": DkvKernel(True, 1), "gqa-split2": DkvKernel(True, 2), "gqa-sp
 
 def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: Optional[int] = None,
                       cu_seqlens: Optional[torch.Tensor] = None) -> DkvKernel:
+    """The dK/dV kernel that a backward of these inputs uses (`dkv_kernel_for`, settings read now)."""
+    B, T, HQ, K = q.shape
+    W = T if window_size is None else window_size
+    lengths = sequence_lengths(B, T, varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None)
+    return dkv_kernel_for(B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, q.device, W, lengths,
+                          settings.forced_dkv_path())
+
+
+@functools.lru_cache(maxsize=1024)
+def dkv_kernel_for(B: int, T: int, HQ: int, H: int, K: int, V: int, dtype: torch.dtype, device: torch.device,
+                   W: int, lengths: tuple, forced: str) -> DkvKernel:
     """The dK/dV kernel for one call.
 
     KV-head-owned for fp16/bf16 GQA with K == V in {64, 128} and G in {2, 4, 8}: one program per KV head unless on
     a GPU the call is load-imbalanced for it, then the smallest split that balances it (`config.gqa_split`), and
     query-head-owned if none does. Everything else is query-head-owned: MHA has nothing to reduce, and fp32,
     K != V, other head dims and G > 8 have not been measured to win (PERF.md, "dK/dV dispatch").
-    `dkv_path(...)` or FLA_BWD_DKV_PATH force any kernel; all are correct for every input they accept, and a
-    forced split that does not divide G raises ValueError here, before any backward kernel runs.
+    `forced` (`settings.forced_dkv_path()`: `dkv_path(...)` or FLA_BWD_DKV_PATH) forces any kernel; all are correct
+    for every input they accept, and a forced split that does not divide G raises ValueError here, before any
+    backward kernel runs.
     """
-    B, T, HQ, K = q.shape
-    H, V = k.shape[2], v.shape[3]
     G = HQ // H
-    forced = settings.forced_dkv_path()
     if forced != "auto":
         kernel = _BY_NAME[forced]
         if G % kernel.split:
             raise ValueError(f"dK/dV path {forced!r} deals each group's query heads to {kernel.split} programs, so "
                              f"it needs HQ // H to be a multiple of {kernel.split}; got HQ // H = {G}")
         return kernel
-    if not (q.dtype in (torch.float16, torch.bfloat16) and K == V and K in (64, 128) and G in (2, 4, 8)):
+    if not (dtype in (torch.float16, torch.bfloat16) and K == V and K in (64, 128) and G in (2, 4, 8)):
         return PER_QUERY_HEAD
-    if q.device.type != "cuda":
+    if device.type != "cuda":
         return _BY_NAME["gqa"]
-    lengths = (T,) * B if cu_seqlens is None else _lengths(cu_seqlens)
-    W = T if window_size is None else window_size
-    split = gqa_split(lengths, H, G, K, W, _sm_count(q.device.index))
+    split = gqa_split(lengths, H, G, K, W, _sm_count(device.index))
     return PER_QUERY_HEAD if split is None else DkvKernel(True, split)
 
 
@@ -387,11 +394,6 @@ def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_
 def _sm_count(device_index: int) -> int:
     # Read once per device: the dispatch runs on every backward call.
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _lengths(cu_seqlens: torch.Tensor) -> tuple:
-    offsets = seqlen_offsets(cu_seqlens)
-    return tuple(b - a for a, b in zip(offsets, offsets[1:]))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -16,8 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_bwd.ops.utils.index import seqlen_offsets
-
 MAX_HEAD_DIM = 256
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -260,7 +258,8 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
 
 
 def check_cu_seqlens(cu_seqlens, B: int, device: torch.device) -> None:
-    """Structure of `cu_seqlens` (type, rank, dtype, device, B == 1); its values: `check_cu_seqlens_values`."""
+    """Structure of `cu_seqlens` (type, rank, dtype, device, B == 1); its values are read and checked at every call by
+    `fla_bwd.ops.utils.index.varlen_tiles`, inside the op, so that `torch.compile` traces none of it."""
     _tensor("cu_seqlens", cu_seqlens, 1)
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
@@ -271,18 +270,6 @@ def check_cu_seqlens(cu_seqlens, B: int, device: torch.device) -> None:
                          f"with cu_seqlens.to(q.device)")
     if cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must hold at least 2 offsets [0, ..., T], got {cu_seqlens.numel()}")
-
-
-def check_cu_seqlens_values(cu_seqlens: torch.Tensor, T: int) -> None:
-    """The checks that read the offsets (a device-to-host copy, cached per tensor): run inside the op, so that
-    `torch.compile` traces none of it."""
-    offsets = seqlen_offsets(cu_seqlens)
-    if offsets[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
-    if any(b < a for a, b in zip(offsets, offsets[1:])):
-        raise ValueError("cu_seqlens must be non-decreasing")
-    if offsets[-1] != T:
-        raise ValueError(f"cu_seqlens must end at the packed length T = {T}, got {offsets[-1]}")
 
 
 def resolve_scale(scale: Optional[float], K: int) -> float:

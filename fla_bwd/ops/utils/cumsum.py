@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_bwd.ops.utils.launch import Launcher
+from fla_bwd.ops.utils.launch import Plan, Ref, run_once
 from fla_bwd.utils import cdiv, is_interpreter, next_power_of_2
 
 
@@ -48,38 +48,58 @@ def segment_cumsum_kernel(
         tl.store(y + p_y, (b_y * SCALE).to(y.dtype.element_ty), mask=m_t)
 
 
-_launch_segment_cumsum = Launcher(segment_cumsum_kernel)
-
-
-def _scan(x, y, cu_seqlens, B, T, NH, x_strides, y_strides, reverse, scale=1.0, x2=None):
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+def add_scan(plan: Plan, x: Ref, y: Ref, cu_seqlens: Optional[Ref], N: int, T: int, NH: int, x_strides, y_strides,
+             reverse: bool, scale: float = 1.0, x2: Optional[Ref] = None) -> None:
+    """Add the scan of x (+ x2) into y to `plan`: N sequences (B dense, the packed count varlen) of NH heads; T is
+    one sequence's length when dense, the packed total when varlen."""
     # Chunks as long as an average sequence (up to 2048 tokens; at most 8 compiled sizes): many short packed
-    # sequences keep short chunks rather than 2048-wide mostly-masked ones. T is one sequence's length when dense,
-    # the packed total when varlen. Under the CPU interpreter short chunks make the tests' sequences cross several.
+    # sequences keep short chunks rather than 2048-wide mostly-masked ones. Under the CPU interpreter short chunks
+    # make the tests' sequences cross several.
     mean = T if cu_seqlens is None else cdiv(T, max(N, 1))
     BT = 16 if is_interpreter() else min(2048, max(16, next_power_of_2(mean)))
-    _launch_segment_cumsum(
-        (N, NH), x=x, x2=x2, y=y, cu_seqlens=cu_seqlens, T=T,
+    plan.launch(
+        segment_cumsum_kernel, (N, NH), x=x, x2=x2, y=y, cu_seqlens=cu_seqlens, T=T,
         stride_x_t=x_strides[0], stride_x_h=x_strides[1], stride_y_t=y_strides[0], stride_y_h=y_strides[1],
         BT=BT, REVERSE=reverse, SCALE=scale, num_warps=4,
     )
+
+
+def add_gate_cumsum(plan: Plan, g: Ref, cu_seqlens: Optional[Ref], N: int, B: int, T: int, HQ: int,
+                    g_strides) -> Ref:
+    """`g` `[B, T, HQ]` (strides `g_strides` of its T and HQ axes) -> "gc": gc * log2(e), gc the per-sequence
+    cumsum, fp32, in the kernels' head-major layout `[HQ, B * T]` (base-2 units, as the kernels keep scores)."""
+    y = plan.empty("gc", (HQ, B * T), torch.float32)
+    add_scan(plan, g, y, cu_seqlens, N, T, HQ, g_strides, (1, B * T), reverse=False, scale=1.4426950408889634)
     return y
 
 
+def add_gate_grad(plan: Plan, dgc_q: Ref, dgc_k: Ref, cu_seqlens: Optional[Ref], N: int, B: int, T: int, HQ: int,
+                  dtype: torch.dtype) -> Ref:
+    """dgc = dgc_q + dgc_k, both `[HQ, B * T]` fp32 (gradient w.r.t. gc in natural units: the query side from the dQ
+    kernel, minus the key side from the dK/dV kernel) -> "dg" `[B, T, HQ]` in `dtype`: the per-sequence reverse
+    cumsum of dgc. Adding here in fp32 rounds exactly as the difference would have where it was computed."""
+    y = plan.empty("dg", (B, T, HQ), dtype)
+    add_scan(plan, dgc_q, y, cu_seqlens, N, T, HQ, (1, B * T), (HQ, 1), reverse=True, x2=dgc_k)
+    return y
+
+
+def _sequences(B: int, cu_seqlens: Optional[torch.Tensor]) -> int:
+    return B if cu_seqlens is None else cu_seqlens.numel() - 1
+
+
 def gate_cumsum(g: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> torch.Tensor:
-    """`g` `[B, T, HQ]` -> gc * log2(e), gc the per-sequence cumsum, fp32, in the kernels' head-major layout
-    `[HQ, B * T]` (base-2 units, as the attention kernels keep their scores)."""
+    """`add_gate_cumsum` as a function (one-off plan)."""
     B, T, HQ = g.shape
-    y = torch.empty(HQ, B * T, dtype=torch.float32, device=g.device)
-    return _scan(g, y, cu_seqlens, B, T, HQ, (g.stride(1), g.stride(2)), (1, B * T), reverse=False,
-                 scale=1.4426950408889634)
+    cu = Ref("cu_seqlens") if cu_seqlens is not None else None
+    return run_once(lambda p: add_gate_cumsum(p, Ref("g"), cu, _sequences(B, cu_seqlens), B, T, HQ,
+                                              (g.stride(1), g.stride(2))),
+                    g.device, dict(g=g, cu_seqlens=cu_seqlens))["gc"]
 
 
 def gate_grad(dgc_q: torch.Tensor, dgc_k: torch.Tensor, B: int, T: int, cu_seqlens: Optional[torch.Tensor],
-              dtype: torch.dtype):
-    """dgc = dgc_q + dgc_k, both `[HQ, B * T]` fp32 (gradient w.r.t. gc in natural units: the query side from the dQ
-    kernel, minus the key side from the dK/dV kernel) -> dg `[B, T, HQ]` in `dtype`: the per-sequence reverse
-    cumsum of dgc. Adding here in fp32 rounds exactly as the difference would have where it was computed."""
-    HQ = dgc_q.shape[0]
-    y = torch.empty(B, T, HQ, dtype=dtype, device=dgc_q.device)
-    return _scan(dgc_q, y, cu_seqlens, B, T, HQ, (1, B * T), (HQ, 1), reverse=True, x2=dgc_k)
+              dtype: torch.dtype) -> torch.Tensor:
+    """`add_gate_grad` as a function (one-off plan)."""
+    cu = Ref("cu_seqlens") if cu_seqlens is not None else None
+    return run_once(lambda p: add_gate_grad(p, Ref("dgc_q"), Ref("dgc_k"), cu, _sequences(B, cu_seqlens), B, T,
+                                            dgc_q.shape[0], dtype),
+                    dgc_q.device, dict(dgc_q=dgc_q, dgc_k=dgc_k, cu_seqlens=cu_seqlens))["dg"]

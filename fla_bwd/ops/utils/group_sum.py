@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_bwd.ops.utils.launch import Launcher
+from fla_bwd.ops.utils.launch import Plan, Ref, run_once
 from fla_bwd.utils import cdiv, next_power_of_2
 
 
@@ -37,20 +37,25 @@ def group_sum_kernel(dk_part, dv_part, dk, dv, R, S: tl.constexpr, K: tl.constex
         _sum_rows(dv_part, dv, i_r, R, S=S, D=V, BR=BR, BD=BV)
 
 
-_launch_group_sum = Launcher(group_sum_kernel)
-
-
-def group_sum(dk_part: torch.Tensor, dv_part: torch.Tensor, H: int, dtype: torch.dtype):
-    """`[B, T, H * S, K]` and `[B, T, H * S, V]` contiguous fp32 partials -> (dk, dv) `[B, T, H, *]` in `dtype`."""
-    B, T, NH, K = dk_part.shape
-    V = dv_part.shape[3]
-    S = NH // H
-    dk = torch.empty(B, T, H, K, dtype=dtype, device=dk_part.device)
-    dv = torch.empty(B, T, H, V, dtype=dtype, device=dv_part.device)
+def add_group_sum(plan: Plan, dk_part: Ref, dv_part: Ref, B: int, T: int, H: int, S: int, K: int, V: int,
+                  dtype: torch.dtype) -> tuple:
+    """Add to `plan`: `[B, T, H * S, K]` and `[B, T, H * S, V]` contiguous fp32 partials -> ("dk", "dv")
+    `[B, T, H, *]` in `dtype`."""
+    dk = plan.empty("dk", (B, T, H, K), dtype)
+    dv = plan.empty("dv", (B, T, H, V), dtype)
     R = B * T * H
     BK, BV = next_power_of_2(K), next_power_of_2(V)
     BR = max(1, 4096 // max(BK, BV))  # 4096 elements a program: 32 rows of 128
     if R > 0:
-        _launch_group_sum((cdiv(R, BR), 2), dk_part=dk_part, dv_part=dv_part, dk=dk, dv=dv, R=R, S=S, K=K, V=V,
-                          BR=BR, BK=BK, BV=BV)
+        plan.launch(group_sum_kernel, (cdiv(R, BR), 2), dk_part=dk_part, dv_part=dv_part, dk=dk, dv=dv, R=R, S=S,
+                    K=K, V=V, BR=BR, BK=BK, BV=BV)
     return dk, dv
+
+
+def group_sum(dk_part: torch.Tensor, dv_part: torch.Tensor, H: int, dtype: torch.dtype):
+    """`add_group_sum` as a function (one-off plan)."""
+    B, T, NH, K = dk_part.shape
+    env = run_once(lambda p: add_group_sum(p, Ref("dk_part"), Ref("dv_part"), B, T, H, NH // H, K,
+                                           dv_part.shape[3], dtype),
+                   dk_part.device, dict(dk_part=dk_part, dv_part=dv_part))
+    return env["dk"], env["dv"]

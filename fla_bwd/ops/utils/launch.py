@@ -1,26 +1,26 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Kernel launches with less host time than `kernel[grid](**kwargs)`.
+"""Launch plans: the host work of one call, decided once per kind of call and replayed at the cost of its launches.
 
-Every `kernel[grid](...)` call re-derives the kernel's specialisation from all its arguments (the heuristics
-wrapper rebuilds a dict of every argument once per flag, the binder specialises each argument, the cache key is
-a tuple of all of them plus `str(options)`), then launches: on the H200 machine's host more time than a short
-row's whole backward takes on the GPU (PERF.md #13).
+`kernel[grid](**kwargs)` re-derives a kernel's specialisation from all its arguments on every call (the heuristics
+wrapper rebuilds a dict of every argument once per flag, the binder specialises each argument, the cache key is a
+tuple of all of them plus `str(options)`): on the GPU machine's host more time than a short row's backward takes on
+the GPU (PERF.md #13, #20). The rest of a call's host code (tile configs, containment, dispatch, buffers) is a pure
+function of the call's shapes, dtypes and flags, and was redone on every call too (issue 19).
 
-`Launcher` keys the compiled kernel on what Triton specialises on (each tensor's dtype and 16-byte alignment,
-each integer's width, None-ness, constexpr values, launch options, device) and, on a hit, launches it through the
-compiled kernel's C launcher directly (`run`, with the current stream), skipping the runner's per-call
-launch-metadata dict, which only launch hooks read (PERF.md #20). With a launch hook installed (a profiler), the
-runner is used. The first call for a key goes through Triton's normal path, which compiles (or finds the kernel in
-Triton's own cache) and returns the compiled kernel. The key over-approximates Triton's: a key that distinguishes
-too much only costs one more normal launch. Under the CPU interpreter every call takes the normal path (there is
-no compiled kernel).
-FLA_BWD_FAST_LAUNCH=0 (or `fla_bwd.settings.set_fast_launch(False)`) sends every call through the normal path, for
-A/B measurements or a Triton whose compiled-kernel interface differs.
+A `Plan` is that work done once: an ordered list of steps (allocate a buffer, launch a kernel, apply a small torch
+function), in which the call's tensors appear as `Ref(name)`s. The caller keys plans on everything the steps were
+built from and on everything Triton specialises a kernel on that a `Ref` can vary in: dtype (fixed by the key),
+None-ness (fixed by the key), and 16-byte alignment of the tensors it does not allocate itself (`aligned`; torch's
+allocators align what a plan allocates). A `Launch` compiles through Triton's normal path the first time, then
+calls the compiled kernel's C launcher directly (`run`, on the current stream, with every parameter in signature
+order), skipping the runner's per-call launch-metadata dict, which only launch hooks read (PERF.md #20). With a
+launch hook installed (a profiler), under the CPU interpreter, or with FLA_BWD_FAST_LAUNCH=0
+(`fla_bwd.settings.set_fast_launch(False)`), every launch takes Triton's normal path instead.
 """
 
 import contextlib
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from triton import knobs
@@ -29,26 +29,22 @@ from triton.runtime.jit import JITFunction
 from fla_bwd import settings
 from fla_bwd.utils import interpreter_bf16_fix, is_interpreter
 
-_INT32 = (-2 ** 31, 2 ** 31)
+
+class Ref(NamedTuple):
+    """A tensor of the call, by name: bound when the plan runs."""
+    name: str
+
+
+def aligned(x: Optional[torch.Tensor]) -> bool:
+    """What Triton specialises a pointer on besides its dtype: 16-byte alignment (None counts as aligned)."""
+    return x is None or x.data_ptr() % 16 == 0
+
+
 def _jit_function(kernel) -> JITFunction:
     """The JITFunction under any wrappers (triton.heuristics keeps it in `.fn`)."""
     while not isinstance(kernel, JITFunction):
         kernel = kernel.fn
     return kernel
-
-
-def _scalar_key(value: Any) -> Any:
-    """The key of a non-tensor runtime argument (tensors are keyed inline in `Launcher.key`)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "u1", value
-    if isinstance(value, int):
-        # i32 or i64 by range; == 1 and % 16 == 0 are specialised for integers without do_not_specialize.
-        return "i", _INT32[0] <= value < _INT32[1], value == 1, value % 16 == 0
-    if isinstance(value, float):
-        return "f"
-    raise TypeError(f"launch: unsupported argument type {type(value).__name__}")
 
 
 def _hooks_empty() -> bool:
@@ -72,103 +68,108 @@ def _interpreted():
         yield
 
 
-class Launcher:
-    """`Launcher(kernel)(grid, **kwargs)` launches like `kernel[grid](**kwargs)`; every parameter by keyword."""
+class Empty(NamedTuple):
+    """Step: `env[name] = torch.empty(shape, dtype)` on the plan's device."""
+    name: str
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
 
-    def __init__(self, kernel):
+    def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
+        env[self.name] = torch.empty(self.shape, dtype=self.dtype, device=device)
+
+
+class Apply(NamedTuple):
+    """Step: `env[name] = fn(*(env[r] for r in refs))`, for the few torch ops of a call (casts, a small sum)."""
+    name: str
+    fn: Callable
+    refs: Tuple[str, ...]
+
+    def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
+        env[self.name] = self.fn(*[env[r] for r in self.refs])
+
+
+class Launch:
+    """Step: one launch of `kernel` over `grid` with `args` (every parameter by keyword; `Ref`s bound at run
+    time). Parameters the heuristics wrapper computes are left out: they are constexprs, which the C launcher
+    skips."""
+
+    def __init__(self, kernel, grid: Sequence[int], args: Dict[str, Any]):
         self.kernel = kernel
-        self.names: Tuple[str, ...] = ()
-        self.name_set: frozenset = frozenset()
-        self.constexpr: Tuple[bool, ...] = ()
-        self.cache: Dict[tuple, Any] = {}
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.args = args
+        self.refs = tuple((k, v.name) for k, v in args.items() if isinstance(v, Ref))
+        self.direct = None  # (run, function, packed metadata, values template, (index, name) slots)
 
-    def _bind(self) -> None:
-        """Parameter names and constexpr flags, read once, at the first compiled launch (under the interpreter the
-        kernel is no JITFunction)."""
-        jit = _jit_function(self.kernel)
-        self.names = tuple(jit.arg_names)
-        self.name_set = frozenset(self.names)
-        self.constexpr = tuple(p.is_constexpr for p in jit.params)
-        self._const_idx = tuple(i for i, c in enumerate(self.constexpr) if c)
-        self._runtime_idx = tuple(i for i, c in enumerate(self.constexpr) if not c)
-        self._index = {n: i for i, n in enumerate(self.names)}
+    def kwargs(self, env: dict) -> dict:
+        kwargs = dict(self.args)
+        for key, name in self.refs:
+            kwargs[key] = env[name]
+        return kwargs
 
-    def key(self, kwargs: dict, values: Optional[list] = None) -> tuple:
-        """The cache key of a launch; `values` are the parameters in signature order (taken from kwargs if None).
-        A plain loop with tensors keyed inline (dtype, 16-byte alignment): a third cheaper than a function call
-        per argument (PERF.md, "Figures moved out of the code")."""
-        if values is None:
-            values = [kwargs.get(n) for n in self.names]
-        runtime = []
-        for i in self._runtime_idx:
-            x = values[i]
-            if x is None:
-                runtime.append(None)
-            elif isinstance(x, torch.Tensor):
-                runtime.append((x.dtype, x.data_ptr() % 16 == 0))
-            else:
-                runtime.append(_scalar_key(x))
-        options = tuple(sorted((k, kwargs[k]) for k in kwargs.keys() - self.name_set))
-        return torch.cuda.current_device(), tuple(runtime), tuple([values[i] for i in self._const_idx]), options
-
-    def __call__(self, grid: tuple, **kwargs) -> None:
-        self.launch(grid, kwargs)
-
-    def launch(self, grid: tuple, kwargs: dict) -> None:
-        """`__call__` with the arguments as one dict, which callers that launch the same arguments twice (or add
-        a few to a prepared set) pass without copying it at every call level."""
-        self.launch_each(grid, kwargs, None, (None,))
-
-    def launch_each(self, grid: tuple, kwargs: dict, name: Optional[str], values_of_name: tuple) -> None:
-        """Launch once for each value of the constexpr parameter `name` in `values_of_name`, in order, with the
-        other arguments unchanged (`name` None: launch once). The arguments are bound and keyed once: a second
-        launch costs the C launcher alone (PERF.md #31), which is what makes a two-launch kernel pair
-        cheap enough for short calls."""
-        if not settings.fast_launch() or is_interpreter():
-            with _interpreted() if is_interpreter() else contextlib.nullcontext():
-                for value in values_of_name:
-                    if name is not None:
-                        kwargs[name] = value
-                    self.kernel[grid](**kwargs)
+    def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
+        direct = self.direct
+        if direct is not None and stream is not None:
+            run, function, packed, template, slots = direct
+            values = template.copy()
+            for i, name in slots:
+                values[i] = env[name]
+            run(*self.grid, stream, function, packed, None, None, None, *values)
             return
-        if not self.names:
-            self._bind()
-        # Parameters left to the heuristics wrapper are absent (None here): they are constexprs, which the
-        # compiled launcher skips.
-        if name is not None:
-            kwargs[name] = values_of_name[0]
-        values = [kwargs.get(n) for n in self.names]
-        key = self.key(kwargs, values)
-        grid3 = tuple(grid) + (1,) * (3 - len(grid))
-        if len(values_of_name) > 1:
-            index = self._index.get(name)
-            if index is None or not self.constexpr[index]:
-                raise ValueError(f"launch_each: {name!r} must be a constexpr parameter (the key is rebuilt for it "
-                                 f"alone)")
-        for n, value in enumerate(values_of_name):
-            if n > 0:  # only `name` changed: it is a constexpr, so only the key's constexpr part moves
-                kwargs[name] = value
-                values[index] = value
-                key = key[:2] + (tuple([values[j] for j in self._const_idx]),) + key[3:]
-            self._launch_one(grid, grid3, key, kwargs, values)
-
-    def _launch_one(self, grid: tuple, grid3: tuple, key: tuple, kwargs: dict, values: list) -> None:
-        hit = self.cache.get(key)
-        if hit is not None:
-            compiled, direct = hit
-            if direct is not None and _hooks_empty():
-                # What the runner below does, less the launch-metadata dict it builds for hooks on every call
-                # (PERF.md #20).
-                run, function, packed = direct
-                run(*grid3, torch._C._cuda_getCurrentRawStream(key[0]), function, packed, None, None, None,
-                    *values)
-            else:
-                compiled[grid3](*values)  # the runner indexes three grid dimensions
+        if is_interpreter():
+            with _interpreted():
+                self.kernel[self.grid](**self.kwargs(env))
             return
-        compiled = self.kernel[grid](**kwargs)
-        if hasattr(compiled, "__getitem__") and hasattr(compiled, "run"):
-            direct = None
-            if all(hasattr(compiled, a) for a in ("function", "packed_metadata")):
-                run = compiled.run  # loads the module: `function` is valid after this
-                direct = (run, compiled.function, compiled.packed_metadata)
-            self.cache[key] = (compiled, direct)
+        compiled = self.kernel[self.grid](**self.kwargs(env))
+        if direct is None and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+            run = compiled.run  # loads the module: `function` is valid after this
+            names = _jit_function(self.kernel).arg_names
+            template = [self.args.get(n) for n in names]
+            slots = tuple((i, self.args[n].name) for i, n in enumerate(names) if isinstance(self.args.get(n), Ref))
+            for i, _ in slots:
+                template[i] = None
+            self.direct = (run, compiled.function, compiled.packed_metadata, template, slots)
+
+
+class Plan:
+    """An ordered list of steps built once for a kind of call (see the module docstring); `run` binds the call's
+    tensors and executes them."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.steps: list = []
+
+    def empty(self, name: Optional[str], shape: Sequence[int], dtype: torch.dtype) -> Ref:
+        """A buffer of the call, named `name` (None: a name of its own, for scratch nobody reads back)."""
+        name = f"_{len(self.steps)}" if name is None else name
+        self.steps.append(Empty(name, tuple(shape), dtype))
+        return Ref(name)
+
+    def apply(self, name: str, fn: Callable, *refs: Ref) -> Ref:
+        self.steps.append(Apply(name, fn, tuple(r.name for r in refs)))
+        return Ref(name)
+
+    def launch(self, kernel, grid: Sequence[int], **args) -> None:
+        self.steps.append(Launch(kernel, grid, args))
+
+    def run(self, env: dict) -> dict:
+        """Execute the steps with `env` (name -> tensor) holding the call's inputs; returns env, now also holding
+        every buffer the plan made."""
+        device = self.device
+        stream = _direct_stream(device)
+        for step in self.steps:
+            step(env, device, stream)
+        return env
+
+
+def _direct_stream(device: torch.device) -> Optional[int]:
+    """The current raw stream of `device` when launches may go to the compiled kernels directly, else None."""
+    if device.type == "cuda" and settings.fast_launch() and not is_interpreter() and _hooks_empty():
+        return torch._C._cuda_getCurrentRawStream(device.index)
+    return None
+
+
+def run_once(build: Callable[[Plan], None], device: torch.device, env: dict) -> dict:
+    """Build a plan with `build` and run it once (for helpers called outside a cached plan, e.g. by tests)."""
+    plan = Plan(device)
+    build(plan)
+    return plan.run(env)

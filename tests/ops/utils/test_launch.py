@@ -1,7 +1,9 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""`fla_bwd.ops.utils.launch.Launcher`: the cache key separates every specialisation Triton compiles apart, and a
-cached compiled kernel receives every parameter in signature order. The fast path itself runs only on a GPU (the
-GPU suite exercises it on every repeated call); here a stand-in compiled kernel checks its calls."""
+"""`fla_bwd.ops.utils.launch.Plan`: a plan's launch compiles through Triton's path once, then hands the compiled
+kernel every parameter in signature order; the plan key (`host.call_of`) separates every kind of call a plan or a
+kernel specialisation depends on. The direct path itself runs only on a GPU (the GPU suite exercises it on every
+repeated call, and `tests/ops/test_attn_launch_paths.py` compares it with Triton's path); here a stand-in compiled
+kernel checks its calls."""
 
 import pytest
 import torch
@@ -17,91 +19,9 @@ def _toy(x, y, n, scale, C: "tl.constexpr"):  # noqa: F821 - a constexpr annotat
 
 
 class _Compiled:
-    def __init__(self):
-        self.calls = []
-
-    def __getitem__(self, grid):
-        x, y, z = grid  # like triton's CompiledKernel runner, which reads grid[0], grid[1] and grid[2]
-        return lambda *args: self.calls.append((grid, args))
-
-    def run(self, *args):  # present on a real compiled kernel; the launcher only checks that it exists
-        raise AssertionError("not called directly")
-
-
-class _Wrapped:
-    """A stand-in for triton.heuristics: `.fn` holds the JITFunction; a launch compiles (counted) and returns."""
+    """A stand-in compiled kernel with what Triton's CompiledKernel exposes for a direct launch."""
 
     def __init__(self):
-        self.fn = JITFunction(_toy)
-        self.compiled = _Compiled()
-        self.launches = 0
-
-    def __getitem__(self, grid):
-        def run(**kwargs):
-            self.launches += 1
-            return self.compiled
-        return run
-
-
-@pytest.fixture
-def launcher(monkeypatch):
-    monkeypatch.setattr(launch, "is_interpreter", lambda: False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    settings.set_fast_launch(True)
-    return launch.Launcher(_Wrapped())
-
-
-def _key(launcher, **kwargs):
-    if not launcher.names:
-        launcher._bind()
-    base = dict(x=torch.zeros(8), y=None, n=100, scale=0.5, C=4, num_warps=4)
-    return launcher.key({**base, **kwargs})
-
-
-def test_key_separates_specialisations(launcher):
-    base = _key(launcher)
-    assert _key(launcher, n=200) == base  # neither 1 nor a multiple of 16, both int32: one kernel
-    assert _key(launcher, x=torch.zeros(8, dtype=torch.float16)) != base  # dtype
-    assert _key(launcher, x=torch.zeros(9)[1:]) != base  # 4-byte offset: not 16-byte aligned
-    assert _key(launcher, y=torch.zeros(8)) != base  # None vs a tensor
-    assert _key(launcher, n=2 ** 31) != base  # int64
-    assert _key(launcher, n=1) != base  # == 1
-    assert _key(launcher, n=32) != base  # multiple of 16
-    assert _key(launcher, C=8) != base  # constexpr value
-    assert _key(launcher, num_warps=8) != base  # launch option
-
-
-def test_cached_kernel_gets_every_parameter_in_order(launcher):
-    x, y = torch.zeros(8), torch.zeros(8)
-    launcher((3,), x=x, y=y, n=100, scale=0.5, C=4)
-    assert launcher.kernel.launches == 1 and not launcher.kernel.compiled.calls
-    launcher((5,), x=x, y=y, n=300, scale=0.25, C=4)
-    assert launcher.kernel.launches == 1
-    assert launcher.kernel.compiled.calls == [((5, 1, 1), (x, y, 300, 0.25, 4))]
-    launcher((5,), x=x, y=y, n=300, scale=0.25, C=8)  # a new constexpr: Triton's path again
-    assert launcher.kernel.launches == 2
-
-
-def test_fast_launch_off_always_takes_tritons_path(launcher):
-    settings.set_fast_launch(False)
-    try:
-        for _ in range(3):
-            launcher((1,), x=torch.zeros(8), y=None, n=100, scale=0.5, C=4)
-    finally:
-        settings.set_fast_launch(True)
-    assert launcher.kernel.launches == 3 and not launcher.kernel.compiled.calls
-
-
-def test_unsupported_argument_type_is_named(launcher):
-    with pytest.raises(TypeError, match="unsupported argument type list"):
-        _key(launcher, n=[1])
-
-
-class _CompiledWithLauncher(_Compiled):
-    """A stand-in that also has what Triton's CompiledKernel exposes for a direct launch."""
-
-    def __init__(self):
-        super().__init__()
         self.direct = []
         self.function, self.packed_metadata = "fn-handle", "packed"
 
@@ -110,40 +30,97 @@ class _CompiledWithLauncher(_Compiled):
         return lambda *args: self.direct.append(args)
 
 
-def test_direct_launch_skips_the_runner_unless_a_hook_is_installed(launcher, monkeypatch):
+class _Wrapped:
+    """A stand-in for triton.heuristics: `.fn` holds the JITFunction; `[grid](**kwargs)` is Triton's normal path
+    (counted), which returns the compiled kernel."""
+
+    def __init__(self):
+        self.fn = JITFunction(_toy)
+        self.compiled = _Compiled()
+        self.normal = []
+
+    def __getitem__(self, grid):
+        def run(**kwargs):
+            self.normal.append((grid, kwargs))
+            return self.compiled
+        return run
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """Launches as on a GPU: not interpreted, the current stream 1234, allocations stand-ins."""
+    monkeypatch.setattr(launch, "is_interpreter", lambda: False)
+    monkeypatch.setattr(torch, "empty", lambda shape, dtype, device: ("buffer", shape))
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
-    launcher.kernel.compiled = compiled = _CompiledWithLauncher()
-    x, y = torch.zeros(8), torch.zeros(8)
-    launcher((3,), x=x, y=y, n=100, scale=0.5, C=4)  # Triton's path: compiles, caches
-    launcher((5, 2), x=x, y=y, n=300, scale=0.25, C=4)
-    assert compiled.direct == [(5, 2, 1, 1234, "fn-handle", "packed", None, None, None, x, y, 300, 0.25, 4)]
-    assert not compiled.calls
+    settings.set_fast_launch(True)
+    yield
+    settings.set_fast_launch(True)
+
+
+def _plan(kernel, n=300):
+    plan = launch.Plan(torch.device("cuda", 0))
+    x = plan.empty("x", (8,), torch.float32)
+    plan.launch(kernel, (5, 2), x=x, y=launch.Ref("y"), n=n, scale=0.25, C=4)
+    return plan
+
+
+def test_plan_compiles_once_then_launches_every_parameter_in_signature_order(fast):
+    kernel = _Wrapped()
+    plan = _plan(kernel)
+    y1, y2 = torch.zeros(8), torch.ones(8)
+    plan.run(dict(y=y1))  # Triton's path: compiles (here: returns the stand-in)
+    assert len(kernel.normal) == 1 and kernel.normal[0][1]["y"] is y1 and kernel.normal[0][0] == (5, 2, 1)
+    env = plan.run(dict(y=y2))
+    assert len(kernel.normal) == 1
+    assert kernel.compiled.direct == [(5, 2, 1, 1234, "fn-handle", "packed", None, None, None,
+                                       ("buffer", (8,)), y2, 300, 0.25, 4)]
+    assert env["x"] == ("buffer", (8,))
+
+
+def test_fast_launch_off_or_a_hook_takes_tritons_path(fast):
+    kernel = _Wrapped()
+    plan = _plan(kernel)
+    settings.set_fast_launch(False)
+    for _ in range(3):
+        plan.run(dict(y=torch.zeros(8)))
+    settings.set_fast_launch(True)
+    assert len(kernel.normal) == 3 and not kernel.compiled.direct
     hook = lambda *a, **k: None  # noqa: E731
     launch.knobs.runtime.launch_enter_hook.add(hook)
     try:
-        launcher((7,), x=x, y=y, n=300, scale=0.25, C=4)
+        plan.run(dict(y=torch.zeros(8)))
     finally:
         launch.knobs.runtime.launch_enter_hook.remove(hook)
-    assert compiled.calls == [((7, 1, 1), (x, y, 300, 0.25, 4))] and len(compiled.direct) == 1
+    assert len(kernel.normal) == 4 and not kernel.compiled.direct
+    plan.run(dict(y=torch.zeros(8)))
+    assert len(kernel.normal) == 4 and len(kernel.compiled.direct) == 1
 
 
-def test_launch_each_launches_every_value_in_order_under_the_key_of_each(launcher):
-    x, y = torch.zeros(8), torch.zeros(8)
-    args = dict(x=x, y=y, n=100, scale=0.5)
-    launcher.launch_each((3,), dict(args, C=None), "C", (4, 8))  # both values compile once, through Triton's path
-    assert launcher.kernel.launches == 2 and not launcher.kernel.compiled.calls
-    launcher.launch_each((3,), dict(args, C=None), "C", (4, 8))
-    assert launcher.kernel.launches == 2
-    assert launcher.kernel.compiled.calls == [((3, 1, 1), (x, y, 100, 0.5, 4)), ((3, 1, 1), (x, y, 100, 0.5, 8))]
-    # the key launch_each derived for C=8 is the one a plain launch computes: a cache hit, not a third compile
-    launcher((3,), **args, C=8)
-    assert launcher.kernel.launches == 2 and len(launcher.kernel.compiled.calls) == 3
+def test_plan_key_separates_what_a_plan_is_built_from(monkeypatch):
+    """`host.call_of`'s key differs for every input property a plan (or Triton's specialisation of a kernel it
+    launches) depends on, and is equal for other tensors of the same kind."""
+    from fla_bwd.ops.attn.host import call_of
 
+    def key(q=None, k=None, v=None, g=None, sink=None, cu=None, scale=0.125, window=0, T=32):
+        q = torch.zeros(1, T, 4, 16) if q is None else q
+        k = torch.zeros(1, T, 2, 16) if k is None else k
+        return call_of(q, k, k if v is None else v, g, sink, cu, scale, window).key
 
-def test_launch_each_refuses_a_runtime_parameter(launcher):
-    args = dict(x=torch.zeros(8), y=torch.zeros(8), n=100, scale=0.5, C=4)
-    with pytest.raises(ValueError, match="'n' must be a constexpr"):
-        launcher.launch_each((3,), args, "n", (100, 200))
+    base = key()
+    assert key() == base  # other tensors, same kind
+    assert key(q=torch.zeros(1, 32, 4, 16, dtype=torch.float16), k=torch.zeros(1, 32, 2, 16,
+                                                                               dtype=torch.float16)) != base
+    assert key(q=torch.zeros(1 * 32 * 4 * 16 + 1)[1:].view(1, 32, 4, 16)) != base  # 4-byte offset: not aligned
+    assert key(g=torch.zeros(1, 32, 4)) != base
+    assert key(sink=torch.zeros(4)) != base
+    assert key(scale=0.25) != base
+    assert key(window=8) != base
+    assert key(T=48) != base
+    assert key(v=torch.zeros(1, 32, 2, 32)) != base
+    assert key(cu=torch.tensor([0, 10, 32])) != base
+    assert key(cu=torch.tensor([0, 10, 32])) == key(cu=torch.tensor([0, 22, 32]))  # same tile counts
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
+    assert key() != base
 
 
 @pytest.mark.parametrize("dtype,gate,sink", [(torch.float16, False, False), (torch.bfloat16, True, False),
