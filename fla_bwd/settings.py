@@ -54,7 +54,7 @@ def forced_containment() -> str:
 
 
 def fast_launch() -> bool:
-    """Whether kernels launch through the cached compiled kernel (`fla_bwd.ops.utils.launch.Launcher`)."""
+    """Whether kernels launch through the cached compiled kernel (`fla_bwd.ops.utils.launch.Launch`)."""
     return _fast_launch
 
 

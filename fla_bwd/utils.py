@@ -82,7 +82,7 @@ def interpreter_bf16_fix():
     replaced when the outermost block is entered and the very objects that were there are put back when it exits
     (also on an exception): another library's interpreted kernel, run outside our calls, behaves exactly as
     without fla_bwd. Under the interpreter a launch runs the whole grid synchronously, so the launcher enters this
-    around each interpreted launch (`fla_bwd.ops.utils.launch.Launcher`). Nests (a depth count); not thread-safe
+    around each interpreted launch (`fla_bwd.ops.utils.launch.Launch`). Nests (a depth count); not thread-safe
     beyond that: a kernel of another library run by another thread while one of ours runs sees the fix. Yields
     True when the fix is in place, False on a Triton without the interpreter module. Compiled GPU kernels never
     run this code. `tests/test_utils.py` shows each correction is needed and that nothing leaks.

@@ -21,13 +21,12 @@ _CALL = """
 import torch
 from fla_bwd.ops.attn import parallel_attn
 from fla_bwd.ops.utils import checks
-import fla_bwd.ops.attn.host as host_module
+from fla_bwd.ops.utils import launch
 
 def forbidden(*args, **kwargs):
     raise AssertionError("a launcher or an allocation started")
 
-for name in ("attn_fwd", "gate_cumsum", "attn_bwd_dq", "attn_bwd_dkv"):
-    setattr(host_module, name, forbidden)
+launch.Plan.run = forbidden  # every buffer and launch of a call goes through it
 q = torch.randn(1, 8, 2, 16)
 try:
     parallel_attn(q, q[:, :, :1], q[:, :, :1])

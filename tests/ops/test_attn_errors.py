@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICE
 
-import fla_bwd.ops.attn.host as host_module
 from fla_bwd.ops.attn import parallel_attn
+from fla_bwd.ops.utils import launch
 
 B, T, HQ, H, K, V = 1, 8, 4, 2, 16, 16
 
@@ -23,14 +23,13 @@ def _inputs(dtype=torch.bfloat16, device=DEVICE, B=B, T=T, HQ=HQ, H=H, K=K, V=V)
 
 @pytest.fixture(autouse=True)
 def no_kernel_runs(monkeypatch):
-    """Any kernel launch (the host functions that allocate a kernel's buffers and launch it) fails the test:
+    """Any kernel launch or buffer of a call (every one is a step of a plan, run by `Plan.run`) fails the test:
     validation must reject a bad input before any of them."""
 
     def forbidden(*args, **kwargs):
         raise AssertionError("validation let a bad input through: a launcher or an allocation started")
 
-    for name in ("attn_fwd", "gate_cumsum", "attn_bwd_dq", "attn_bwd_dkv"):
-        monkeypatch.setattr(host_module, name, forbidden)
+    monkeypatch.setattr(launch.Plan, "run", forbidden)
 
 
 def _raises(exc, match, *args, **kwargs):

@@ -2,7 +2,7 @@
 """The frozen correctness contract of the KV-head-owned dK/dV kernel ("gqa") and of its dispatch.
 
 Every correctness case compares o and every gradient (dq, dk, dv, dg, dsink) with the fp32 oracle at error ratio
-< 0.005 with poisoned buffers, and checks (through a spy on `attn_bwd_dkv`) which dK/dV kernel actually ran.
+< 0.005 with poisoned buffers, and checks (through a spy on `host.dkv_kernel`) which dK/dV kernel actually ran.
 """
 
 import pytest

@@ -4,7 +4,7 @@ the dK/dV dispatch, and `parallel_attn`.
 
 A call goes `parallel_attn` -> `autograd` (a torch.library custom op under torch.compile, a plain
 autograd.Function in eager code) -> `host` (buffers, NaN/Inf containment, one launch per kernel through
-`fla_bwd.ops.utils.launch.Launcher`) -> the kernels below, whose loop bodies are in `inner.py`. Tile sizes and
+`fla_bwd.ops.utils.launch.Plan`) -> the kernels below, whose loop bodies are in `inner.py`. Tile sizes and
 per-call policies are in `config.py`; every FLA_BWD_* variable is read in `fla_bwd.settings`. ARCHITECTURE.md
 draws the whole path.
 
