@@ -1,10 +1,11 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Per-call measurements besides time: CUDA kernel count, peak memory, host overhead against graph replay."""
+"""Per-call measurements besides time: CUDA kernel count, peak memory, host overhead against whole-step CUDA-graph
+replay."""
 
 import gc
 import statistics
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -70,13 +71,74 @@ def peak_memory(fn: Callable, held: Iterable) -> dict:
     }
 
 
-def host_overhead(build: Callable[[], Callable], calls: int = 20) -> dict:
-    """Wall time of one call (synchronised each time) against the replay of the same call captured in a CUDA
-    graph; the difference is what the host adds per call (launches, Python, autograd). `build()` returns the
-    call; it is built a second time inside the capture stream, so a backward's forward lives on that stream."""
-    fn = build()
+# The graph figure each mode's wall time is compared with (see `host_overhead`).
+GRAPH_KEY = {"fwd": "graph_fwd_us", "bwd": "graph_bwd_us", "fwdbwd": "graph_step_us"}
+
+
+def capture_error(e: BaseException, limit: int = 160) -> str:
+    """One line for a failed capture, the root cause first. `torch.cuda.graph`'s exit runs `capture_end` while the
+    body's exception is handled; its own error ("operation failed due to a previous error during capture") then
+    hides the body's, which Python keeps as `__context__`."""
+    chain = []
+    while e is not None and len(chain) < 4:
+        msg = str(e).strip().splitlines()
+        chain.append(f"{type(e).__name__}: {msg[0][:limit] if msg else ''}".rstrip(": "))
+        e = e.__context__
+    return chain[-1] + (f" (then {chain[0]})" if len(chain) > 1 else "")
+
+
+def capture(fn: Callable, stream) -> "torch.cuda.CUDAGraph":
+    """fn captured in one CUDA graph on `stream` (the caller warms fn up on that stream first, as torch's docs say).
+    The current stream is restored also when the capture fails: `torch.cuda.graph`'s exit skips that when
+    `capture_end` raises, and a capture stream left current makes every later capture look like it works."""
+    graph = torch.cuda.CUDAGraph()
+    prev = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    finally:
+        torch.cuda.set_stream(prev)
+    return graph
+
+
+def _replay_us(graphs: dict, calls: int, flush: Optional[Callable]) -> dict:
+    """Median microseconds of each graph's replay (CUDA events on the current stream, after `flush` when given),
+    the graphs interleaved call by call so that drift hits all of them."""
+    for g in graphs.values():
+        g.replay()
+    torch.cuda.synchronize()
+    events = {k: [] for k in graphs}
+    for _ in range(calls):
+        for k, g in graphs.items():
+            if flush is not None:
+                flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            events[k].append((start, end))
+    torch.cuda.synchronize()
+    return {k: statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev) for k, ev in events.items()}
+
+
+def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20,
+                  flush: Optional[Callable] = None) -> dict:
+    """What the host adds to one call of `mode`, against kernel time from CUDA-graph replays (issue 19's method).
+
+    `build(m)` returns the zero-argument call of mode m (`Candidate.build`). `wall_us`: median over `calls` of the
+    synchronised wall time of one call of `mode` (from an idle queue, after `flush` when given). Kernel time: a
+    whole step, forward then `torch.autograd.grad` (`build("fwdbwd")`), captured in ONE graph, as a training loop
+    captures it, and the forward alone (`build("fwd")`) in another, each warmed up on the capture's side stream
+    first; `graph_step_us` and `graph_fwd_us` are their replay medians (CUDA events, flushed like the runner's
+    timer) and `graph_bwd_us` their difference, the backward's kernel time without host. (Capturing the backward
+    alone after a forward outside the capture fails for every autograd op, SDPA's too: autograd runs a backward
+    node on its forward's stream.) `host_overhead_us` = `wall_us` minus the mode's graph figure (`graph_us`,
+    `GRAPH_KEY`). A failed capture is reported as `graph_error`, with the current stream restored."""
+    fn = build(mode)
     walls = []
     for _ in range(calls):
+        if flush is not None:
+            flush()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
@@ -84,30 +146,38 @@ def host_overhead(build: Callable[[], Callable], calls: int = 20) -> dict:
         walls.append((time.perf_counter() - t0) * 1e6)
     out = {"wall_us": statistics.median(walls)}
     del fn
+    graphs = {}
     try:
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn = build()
-            for _ in range(3):
-                fn()
-        side.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        replays = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            graph.replay()
-            torch.cuda.synchronize()
-            replays.append((time.perf_counter() - t0) * 1e6)
-        out["graph_replay_us"] = statistics.median(replays)
-        out["host_overhead_us"] = out["wall_us"] - out["graph_replay_us"]
-        del graph
+        for key, m in (("graph_step_us", "fwdbwd"), ("graph_fwd_us", "fwd")):
+            step = build(m)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graphs[key] = capture(step, side)
+            del step
+        out.update(_replay_us(graphs, calls, flush))
+        out["graph_bwd_us"] = out["graph_step_us"] - out["graph_fwd_us"]
+        out["graph_us"] = out[GRAPH_KEY[mode]]
+        out["host_overhead_us"] = out["wall_us"] - out["graph_us"]
     except Exception as e:
-        msg = str(e).splitlines()[0][:160] if str(e) else ""
-        out["graph_error"] = f"{type(e).__name__}: {msg}"
-        torch.cuda.synchronize()
+        out["graph_error"] = capture_error(e)
+        try:
+            torch.cuda.synchronize()
+        except Exception as e2:  # a sticky error: later CUDA work in this process fails too, say so
+            out["graph_error"] += f"; synchronize after it: {capture_error(e2)}"
+    graphs.clear()
     return out
+
+
+def compare_to_graph(overhead: dict, mode: str, median_us: float) -> dict:
+    """Adds the runner's median of `mode` (CUDA events, L2 flushed; for bwd the backward alone) next to the graph's
+    kernel time for the mode, and their ratio: `<mode>_median_us`, `<mode>_over_graph` (issue 19: mha-short and
+    gqa4-short backward alone within 1.2x of `graph_bwd_us`)."""
+    graph = overhead.get(GRAPH_KEY[mode])
+    if graph is not None and median_us is not None:
+        overhead[f"{mode}_median_us"] = median_us
+        overhead[f"{mode}_over_graph"] = median_us / graph if graph > 0 else None
+    return overhead

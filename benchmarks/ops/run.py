@@ -58,7 +58,7 @@ def parse_args(argv):
     p.add_argument("--gate-stamp", default=None, metavar="PATH",
                    help="write the gate result here after running it (part 1); read it with --defer-gate")
     p.add_argument("--overhead", nargs="?", const="all", default=None, metavar="SHAPES",
-                   help="host overhead (wall time vs CUDA-graph replay) on all shapes or the listed ones")
+                   help="host overhead (wall time vs whole-step CUDA-graph replay) on all shapes or the listed ones")
     p.add_argument("--budget-s", type=float, default=0.0,
                    help="time budget in seconds (0: none): past it no further shape starts")
     p.add_argument("--peer-budget-s", type=float, default=None,

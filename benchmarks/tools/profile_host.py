@@ -1,30 +1,88 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Where the host time of one `parallel_attn` backward goes, on a GPU (PERF.md #11 left it unexplained).
+"""Host (CPU) time to issue `parallel_attn` against SDPA's FlashAttention-2 backend, in one process (issue 19).
 
-Prints, for each shape: the synchronised wall time of a backward call, the CPU time to issue it (no sync, queue
-empty), the issue time of each launcher alone, and the top of a cProfile of repeated backward calls; first, the host
-cost of one launch of a trivial kernel, six ways, from an idle queue and back to back (`launch_floor`).
+One run measures the no-work autograd floor (a backward through a torch.autograd.Function that does nothing), the
+host cost of one kernel launch (`launch_floor`), and for each row, ours and SDPA-FA2 on the row's dense twin: the
+issue time of a forward (autograd on) and of a backward (`torch.autograd.grad(o, leaves, do, retain_graph=True)`),
+two ways. `idle`: one call from an idle queue (synchronize, time the call alone), median of --calls. `b2b`: --b2b
+calls back to back (each releasing the previous result, as a loop does), then one synchronize; host time per call
+before that synchronize (`b2b_wall`: after it), median of 3. Ours and SDPA alternate in --rounds rounds, the order
+flipped each round, so host noise hits both; ratios are ours / SDPA per round, reported as their median. The process
+is pinned to one CPU core first (the threads it starts later, CUDA's and autograd's, inherit it).
 
-    python benchmarks/tools/profile_host.py --shapes gqa4-short,mha-short
+    python benchmarks/tools/profile_host.py [--json benchmarks/results/host.json] [--rounds 5] [--rows mha-short,...]
+    TRITON_INTERPRET=1 python benchmarks/tools/profile_host.py --smoke --json /tmp/host.json   # CPU self-test
 """
 
 import argparse
-import cProfile
-import io
-import pstats
+import datetime
+import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fla_bwd.ops.attn import host, parallel_attn, select_dkv_kernel
-from fla_bwd.ops.attn.parallel import PER_QUERY_HEAD, DkvKernel
-from fla_bwd.settings import set_fast_launch
+# The repository root, after PYTHONPATH's entries (as tune_attn.py: PYTHONPATH may pick the tree under test).
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PYTHONPATH = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+sys.path.insert(max((i + 1 for i, p in enumerate(sys.path) if p and os.path.abspath(p) in _PYTHONPATH), default=1),
+                _ROOT)
 
-SHAPES = {"gqa4-short": (4, 512, 32, 8, 128), "mha-short": (4, 512, 32, 32, 128)}
+G4 = dict(B=4, T=512, HQ=32, H=8, D=128)
+ROWS = {  # bf16; g = logsigmoid(randn) [B, T, HQ] fp32; sink_bias randn [HQ] fp32; cu_seqlens int32 on the device
+    "mha-short": dict(B=4, T=512, HQ=32, H=32, D=128), "gqa4-short": G4,
+    "gqa4-long": dict(B=2, T=2048, HQ=32, H=8, D=128), "gqa4-short-gated": dict(G4, gate=True),
+    "varlen-T2048": dict(B=1, T=2048, HQ=32, H=8, D=128, cu=(0, 300, 1024, 1500, 2048)),
+    "gqa4-short-sink": dict(G4, sink=True),
+}
+SMOKE = dict(B=1, T=64, HQ=4, D=32)  # --smoke: every row at this size (H: HQ for MHA, else 2; cu scaled to T = 64)
+METRICS = ("fwd_idle", "fwd_b2b", "bwd_idle", "bwd_b2b", "fwd_b2b_wall", "bwd_b2b_wall")
+
+
+def sync():  # not torch.cuda.is_available() at import: that starts the driver's threads before `pin` runs
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip()[:200]}"
+
+
+def idle_us(fn, calls):
+    """Median CPU time of one call issued from an idle queue (the result is released after the clock stops)."""
+    out = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        r = fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+        del r
+    sync()
+    return statistics.median(out)
+
+
+def b2b_us(fn, calls, repeats=3):
+    """Per-call host time of `calls` back-to-back calls (before the one synchronize) and wall time (after it)."""
+    issue, wall = [], []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            r = fn()
+        t1 = time.perf_counter()
+        sync()
+        issue.append((t1 - t0) * 1e6 / calls)
+        wall.append((time.perf_counter() - t0) * 1e6 / calls)
+        del r
+    return statistics.median(issue), statistics.median(wall)
 
 
 @triton.jit
@@ -33,64 +91,34 @@ def _nop_kernel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14,
     pass
 
 
-def _host_us(fn, calls=50, sync=False):
-    """Median microseconds of fn from an idle GPU queue: the CPU time to issue it, or with `sync` its wall time
-    until the GPU is done."""
-    out = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(out)
-
-
-def _issue_us(fn, calls=50):
-    return _host_us(fn, calls)
-
-
-def _back_to_back_us(fn, calls=200):
-    """Mean microseconds of host time per call of fn over `calls` calls issued without a synchronize."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    per_call = (time.perf_counter() - t0) * 1e6 / calls
-    torch.cuda.synchronize()
-    return per_call
-
-
-def launch_floor() -> None:
-    """Host cost of one launch, from an idle queue and back to back: a torch kernel, a trivial Triton kernel with
-    20 tensor or 10 tensor + 10 integer arguments through `kernel[grid]`, through the compiled kernel's runner
-    (what `fla_bwd.ops.utils.launch.Launcher` calls), and through the compiled launcher called directly with the
-    stream and function handles looked up once (PERF.md, "Levers": is the floor Triton's or the driver's?)."""
-    x = torch.zeros(16, device="cuda")
-    grid = (1, 1, 1)
+def launch_floor() -> dict:
+    """Host cost of one launch, from idle and back to back: a torch kernel, an allocation, a trivial Triton kernel
+    with 20 arguments through `kernel[grid]`, through the compiled kernel, and through its launcher called directly
+    (`compiled.run`: Triton internals; where they differ, that line reports the error)."""
+    x, grid, out = torch.zeros(16, device="cuda"), (1, 1, 1), {}
     ptrs, mixed = [x] * 20, [x] * 10 + [1] * 10
-    compiled = _nop_kernel[grid](*ptrs, C0=1, C1=2, C2=3, C3=4)
-    values = [*ptrs, 1, 2, 3, 4]  # the compiled launcher takes every parameter, constexprs included
-    stream = torch.cuda.current_stream().cuda_stream
-    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
-    ways = {
-        "torch x.add_(1)": lambda: x.add_(1),
-        "torch.empty": lambda: torch.empty(64, device="cuda"),
-        "kernel[grid], 20 tensors": lambda: _nop_kernel[grid](*ptrs, C0=1, C1=2, C2=3, C3=4),
-        "kernel[grid], 10 tensors + 10 ints": lambda: _nop_kernel[grid](*mixed, C0=1, C1=2, C2=3, C3=4),
-        "compiled[grid](...)": lambda: compiled[grid](*values),
-        "compiled.run(...) direct": lambda: run(1, 1, 1, stream, function, packed, None, None, None, *values),
-    }
-    print("host cost of one launch:")
+    ways = {"torch x.add_(1)": lambda: x.add_(1), "torch.empty": lambda: torch.empty(64, device="cuda"),
+            "kernel[grid], 20 tensors": lambda: _nop_kernel[grid](*ptrs, C0=1, C1=2, C2=3, C3=4),
+            "kernel[grid], 10 tensors + 10 ints": lambda: _nop_kernel[grid](*mixed, C0=1, C1=2, C2=3, C3=4)}
+    try:
+        compiled = _nop_kernel[grid](*ptrs, C0=1, C1=2, C2=3, C3=4)
+        values, stream = [*ptrs, 1, 2, 3, 4], torch.cuda.current_stream().cuda_stream
+        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+        ways["compiled[grid](...)"] = lambda: compiled[grid](*values)
+        ways["compiled.run(...) direct"] = lambda: run(1, 1, 1, stream, function, packed, None, None, None, *values)
+    except Exception as e:
+        out["compiled kernel"] = {"error": _err(e)}
     for label, fn in ways.items():
-        for _ in range(10):
-            fn()
-        print(f"  {label:36s} from idle {_issue_us(fn):7.1f} us   back to back {_back_to_back_us(fn):7.1f} us")
+        try:
+            for _ in range(10):
+                fn()
+            out[label] = {"idle_us": idle_us(fn, 50), "b2b_us": b2b_us(fn, 200)[0]}
+        except Exception as e:
+            out[label] = {"error": _err(e)}
+    return out
 
 
-class _TrivialAttn(torch.autograd.Function):
+class _NoWork(torch.autograd.Function):
     """`parallel_attn`'s autograd signature (8 inputs, 9 saved tensors) with no work: its backward only allocates
     the three gradients. Its issue time is the floor any backward through a torch.autograd.Function pays here."""
 
@@ -106,112 +134,175 @@ class _TrivialAttn(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None, None, None, None, None
 
 
-def _python_speed_us() -> float:
-    """A fixed pure-Python workload (dict and attribute traffic like a launch's preparation), median of 50: the
-    ratio between two hosts' figures scales CPU-side costs measured on one to the other."""
-    def work():
-        d = {f"k{i}": i for i in range(40)}
-        return sum(v % 16 == 0 for v in d.values()) + len(tuple(sorted(d)))
-    out = []
-    for _ in range(50):
-        t0 = time.perf_counter()
-        for _ in range(100):
-            work()
-        out.append((time.perf_counter() - t0) * 1e4)
-    return statistics.median(out)
+def make_inputs(spec, dev, heads_first):
+    """bf16 leaves q, k, v ([B, heads, T, D] with `heads_first`, else [B, T, heads, D]), our extra arguments, the
+    backward's leaves, a description."""
+    B, T, HQ, H, D = (spec[n] for n in "B T HQ H D".split())
+    shape = (lambda h: (B, h, T, D)) if heads_first else (lambda h: (B, T, h, D))
+    q, k, v = (torch.randn(shape(h), device=dev, dtype=torch.bfloat16).requires_grad_() for h in (HQ, H, H))
+    extra = {}
+    if spec.get("gate"):
+        extra["g"] = F.logsigmoid(torch.randn(B, T, HQ, device=dev)).requires_grad_()
+    if spec.get("sink"):
+        extra["sink_bias"] = torch.randn(HQ, device=dev).requires_grad_()
+    leaves = [q, k, v, *extra.values()]
+    if spec.get("cu"):
+        extra["cu_seqlens"] = torch.tensor(spec["cu"], device=dev, dtype=torch.int32)
+    return q, k, v, extra, leaves, f"B{B} T{T} HQ{HQ} H{H} D{D} bf16"
 
 
-def autograd_floor() -> None:
-    """The part of a backward's host time that is torch's, not this package's (issue 7's 40 us bar is on the
-    whole call): a backward through `_TrivialAttn` at gqa4-short's shapes, and the Python speed of this host."""
-    B, T, HQ, H, D = SHAPES["gqa4-short"]
-    q = torch.randn(B, T, HQ, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    k = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    v = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    do = torch.randn(B, T, HQ, D, device="cuda", dtype=torch.bfloat16)
-    o = _TrivialAttn.apply(q, k, v, None, None, None, D ** -0.5, 0)
+def _calls(fwd, leaves, desc):
+    """(the forward, the backward of one forward's output, the description)."""
+    o = fwd()
+    do = torch.randn_like(o)
+    return fwd, lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), desc
+
+
+def autograd_floor(spec, dev, calls) -> dict:
+    q, k, v, _, leaves, _ = make_inputs(spec, dev, heads_first=False)
+    _, bwd, _ = _calls(lambda: _NoWork.apply(q, k, v, None, None, None, spec["D"] ** -0.5, 0), leaves, "")
     for _ in range(10):
-        torch.autograd.grad(o, [q, k, v], do, retain_graph=True)
-    floor = _issue_us(lambda: torch.autograd.grad(o, [q, k, v], do, retain_graph=True), calls=200)
-    print(f"autograd floor: backward through a no-work Function of this signature, issue {floor:.1f} us; "
-          f"Python speed {_python_speed_us():.1f} us per fixed workload (this project's CPU: see PERF.md)")
-
-
-def _wall_us(fn, calls=50):
-    return _host_us(fn, calls, sync=True)
-
-
-def host_parts(q, k, v, do) -> dict:
-    """The host functions of one backward (no gate, no sink, full causal), each a call without arguments, after a
-    forward and a dQ pass that give them their inputs: what `profile_shape` times one by one."""
-    T, D = q.shape[1], q.shape[3]
-    scale, W = D ** -0.5, T
-    o, lse, _ = host.forward(q, k, v, None, None, None, scale, 0)
-    _, delta = host.attn_bwd_dq(q, k, v, o, do, lse, None, None, scale, W, None, "rounded")
-    return {
-        "dq (+delta)": lambda: host.attn_bwd_dq(q, k, v, o, do, lse, None, None, scale, W, None, "rounded"),
-        "dkv gqa": lambda: host.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, scale, W, None,
-                                             DkvKernel(per_kv_head=True, split=1)),
-        "dkv per-query-head": lambda: host.attn_bwd_dkv(q, k, v, do, lse, delta, None, None, scale, W, None,
-                                                        PER_QUERY_HEAD),
-        "select_dkv_kernel": lambda: select_dkv_kernel(q, k, v, W, None),
-        "bwd impl": lambda: host.backward(do, q, k, v, o, lse, None, None, None, None, scale, 0),
-    }
-
-
-def profile_shape(name: str, top: int) -> None:
-    B, T, HQ, H, D = SHAPES[name]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, T, HQ, D, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
-    k = torch.randn(B, T, H, D, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
-    v = torch.randn(B, T, H, D, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
-    do = torch.randn(B, T, HQ, D, device="cuda", generator=gen, dtype=torch.bfloat16)
-    o = parallel_attn(q, k, v)
-    leaves = [q, k, v]
-
-    def bwd():
-        return torch.autograd.grad(o, leaves, do, retain_graph=True)
-
-    for _ in range(5):
         bwd()
-    torch.cuda.synchronize()
-    print(f"\n== {name}: B{B} T{T} HQ{HQ} H{H} D{D}; dkv path {select_dkv_kernel(q, k, v).name}")
-    for fast in (True, False):
-        set_fast_launch(fast)
-        print(f"{'fast launch ' if fast else 'kernel[grid]'}: backward wall {_wall_us(bwd):.1f} us, issue "
-              f"{_issue_us(bwd):.1f} us; forward issue {_issue_us(lambda: parallel_attn(q, k, v)):.1f} us")
-    set_fast_launch(True)
-    with torch.no_grad():
-        parts = host_parts(q, k, v, do)
-        for label, fn in parts.items():
-            fn()
-            fast = _issue_us(fn)
-            set_fast_launch(False)
-            slow = _issue_us(fn)
-            set_fast_launch(True)
-            print(f"  issue {label:18s} {fast:8.1f} us (through kernel[grid]: {slow:8.1f} us)")
-    prof = cProfile.Profile()
-    torch.cuda.synchronize()
-    prof.enable()
-    for _ in range(100):
-        bwd()
-        torch.cuda.synchronize()
-    prof.disable()
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
-    print("cProfile, 100 synchronised backward calls, by own time:")
-    print("\n".join(s.getvalue().splitlines()[:top + 12]))
+    return {"bwd_idle_us": idle_us(bwd, calls), "bwd_b2b_us": b2b_us(bwd, 30)[0]}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="gqa4-short,mha-short")
-    ap.add_argument("--top", type=int, default=30)
-    args = ap.parse_args()
-    autograd_floor()
-    launch_floor()
-    for name in args.shapes.split(","):
-        profile_shape(name, args.top)
+def ours(spec, dev):
+    from fla_bwd import parallel_attn
+    q, k, v, extra, leaves, desc = make_inputs(spec, dev, heads_first=False)
+    return _calls(lambda: parallel_attn(q, k, v, **extra), leaves, desc + "".join(f" +{n}" for n in extra))
+
+
+def sdpa_fa2(spec, dev):
+    """SDPA under the caller's `sdpa_kernel(FLASH_ATTENTION)` on the row's dense twin ([B, H, T, D], is_causal):
+    GQA through enable_gqa=True (under FLASH_ATTENTION alone SDPA raises rather than fall back to another backend);
+    if that is refused, K and V repeated to HQ heads outside the timed call."""
+    q, k, v, _, leaves, desc = make_inputs({n: spec[n] for n in "B T HQ H D".split()}, dev, heads_first=True)
+    how, gqa = "MHA", spec["HQ"] > spec["H"]
+    if gqa:
+        try:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            how = "enable_gqa=True"
+        except Exception as e:
+            k, v = (x.detach().repeat_interleave(spec["HQ"] // spec["H"], dim=1).requires_grad_() for x in (k, v))
+            leaves, how, gqa = [q, k, v], f"K/V repeated to HQ heads (enable_gqa refused: {_err(e)[:120]})", False
+    return _calls(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa), leaves,
+                  f"{desc} [B, H, T, D], {how}")
+
+
+def compare_row(spec, dev, rounds, calls, b2b, warm=5, repeats=3):
+    impls = {"ours": ours(spec, dev), "sdpa_fa2": sdpa_fa2(spec, dev)}
+    for fwd, bwd, _ in impls.values():
+        for _ in range(warm):  # compile, autotune and fill the caches first
+            fwd(), bwd()
+    sync()
+    per = {name: {m: [] for m in METRICS} for name in impls}
+    for r in range(rounds):
+        for name in (list(impls) if r % 2 == 0 else list(impls)[::-1]):
+            for d, fn in zip(("fwd", "bwd"), impls[name][:2]):
+                per[name][f"{d}_idle"].append(idle_us(fn, calls))
+                issue, wall = b2b_us(fn, b2b, repeats)
+                per[name][f"{d}_b2b"].append(issue)
+                per[name][f"{d}_b2b_wall"].append(wall)
+    out = {name: {"call": impls[name][2], **{m: {"median_us": statistics.median(v), "rounds_us": v}
+                                             for m, v in per[name].items()}} for name in impls}
+    ratios = {m: [a / b for a, b in zip(per["ours"][m], per["sdpa_fa2"][m])] for m in METRICS}
+    out["ratio_ours_over_sdpa"] = {m: {"median": statistics.median(rs), "min": min(rs), "max": max(rs), "rounds": rs}
+                                   for m, rs in ratios.items()}
+    return out
+
+
+def pin(cpu):
+    if cpu is not None and cpu < 0:
+        return "not pinned (--cpu -1)"
+    if not hasattr(os, "sched_setaffinity"):
+        return "not pinned: os.sched_setaffinity is not available here"
+    allowed = sorted(os.sched_getaffinity(0))
+    core = cpu if cpu is not None else allowed[min(1, len(allowed) - 1)]  # not core 0, which takes most interrupts
+    os.sched_setaffinity(0, {core})
+    return f"pinned to CPU core {core} (of {len(allowed)} allowed)"
+
+
+def environment(pinned):
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
+           "python": platform.python_version(), "host": platform.node(), "cpu_affinity": pinned,
+           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    for key, cmd in (("commit", ["git", "rev-parse", "HEAD"]), ("dirty", ["git", "status", "--porcelain", "-uno"]),
+                     ("driver", ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])):
+        try:
+            res = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, timeout=20)
+            env[key] = res.stdout.strip() if res.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            env[key] = None
+    env["commit"] = env["commit"] or os.environ.get("BENCH_COMMIT")  # a copy of the tree without .git
+    env["dirty"] = bool(env["dirty"]) if env["dirty"] is not None else None
+    return env
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="profile_host.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=os.path.join(_ROOT, "benchmarks", "results", "host.json"))
+    ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of " + ",".join(ROWS))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=50, help="calls per idle-queue median (>= 50 for the record)")
+    ap.add_argument("--b2b", type=int, default=30, help="back-to-back calls before the one synchronize")
+    ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the second allowed; -1: none)")
+    ap.add_argument("--smoke", action="store_true", help="tiny rows, 2 rounds, few calls: a self-test of the script "
+                    "(without a GPU under TRITON_INTERPRET=1); NOT a measurement")
+    args = ap.parse_args(argv)
+    names = args.rows.split(",")
+    if set(names) - set(ROWS):
+        ap.error(f"unknown rows {sorted(set(names) - set(ROWS))}")
+    pinned = pin(args.cpu)  # before CUDA starts its threads
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        raise SystemExit("profile_host.py measures on a GPU; without one only --smoke runs (TRITON_INTERPRET=1)")
+    rows = {n: dict(ROWS[n]) for n in ["gqa4-short", *names]}  # gqa4-short: the autograd floor's shapes
+    quick = {}  # --smoke: one warm-up call, one back-to-back repeat
+    if args.smoke:
+        args.rounds, args.calls, args.b2b, quick = 2, 2, 2, dict(warm=1, repeats=1)
+        for spec in rows.values():
+            cu = spec.get("cu")
+            spec.update(SMOKE, H=SMOKE["HQ"] if spec["H"] == spec["HQ"] else 2)
+            spec.update(cu=tuple(x * SMOKE["T"] // cu[-1] for x in cu) if cu else None)
+    dev = "cuda" if cuda else "cpu"
+    torch.manual_seed(0)
+    print(f"profile_host.py: {pinned}; {'SMOKE (not a measurement), ' if args.smoke else ''}"
+          f"{args.rounds} rounds, idle median of {args.calls} calls, back to back {args.b2b}")
+    record = {"env": environment(pinned), "smoke": args.smoke, "method": __doc__.split("\n\n")[1],
+              "settings": {k: getattr(args, k) for k in ("rounds", "calls", "b2b")}, "rows": {}}
+
+    def dump():  # after every part: a run stopped at its time limit keeps what it measured
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+
+    floor = record["autograd_floor"] = autograd_floor(rows["gqa4-short"], dev, args.calls)
+    print(f"autograd floor (no-work Function, gqa4-short shapes): backward issue idle {floor['bwd_idle_us']:.1f} us,"
+          f" back to back {floor['bwd_b2b_us']:.1f} us")
+    record["launch_floor"] = launch_floor() if cuda else {"skipped": "no GPU"}
+    for label, r in record["launch_floor"].items():
+        print(f"  launch {label:36s} " + (f"idle {r['idle_us']:7.1f} us  back to back {r['b2b_us']:7.1f} us"
+                                          if "idle_us" in r else str(r)))
+    dump()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # entered once: the timed calls are the SDPA calls alone
+        for n in names:
+            try:
+                res = record["rows"][n] = compare_row(rows[n], dev, args.rounds, args.calls, args.b2b, **quick)
+            except Exception as e:
+                res = record["rows"][n] = {"error": _err(e)}
+            dump()
+            if "error" in res:
+                print(f"{n}: FAILED {res['error']}")
+                continue
+            print(f"{n} ({res['ours']['call']}; SDPA: {res['sdpa_fa2']['call']})")
+            for m in METRICS[:4]:
+                r, a, b = res["ratio_ours_over_sdpa"][m], res["ours"][m], res["sdpa_fa2"][m]
+                print(f"  {m:9s} ours {a['median_us']:8.1f} us  sdpa-fa2 {b['median_us']:8.1f} us  ours/sdpa "
+                      f"{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}]")
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

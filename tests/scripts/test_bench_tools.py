@@ -1,8 +1,9 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """Tests for the GPU harnesses in benchmarks/tools/: each parses its arguments on a CPU machine, and the parts that
-do not need a GPU (tune_attn.py's table overrides, profile_host.py's host calls, the PYTHONPATH that ab_trees.sh
+do not need a GPU (tune_attn.py's table overrides, profile_host.py's --smoke run, the PYTHONPATH that ab_trees.sh
 uses to pick the package under test) run here under the interpreter."""
 
+import json
 import os
 import subprocess
 import sys
@@ -104,25 +105,27 @@ def test_tune_attn_norefine_reaches_the_dq_launcher():
         torch.testing.assert_close(norefine[i], base[i], rtol=1e-3, atol=1e-3)
 
 
-def test_profile_host_parts_run():
-    """profile_host.py's host calls (the public `host` functions and `DkvKernel`s) on the CPU, against autograd."""
-    from benchmarks.tools import profile_host as prof
-    from fla_bwd import parallel_attn
-
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 40, 4, 32, generator=gen)
-    k, v = (torch.randn(1, 40, 2, 32, generator=gen) for _ in range(2))
-    do = torch.randn(1, 40, 4, 32, generator=gen)
-    parts = prof.host_parts(q, k, v, do)
-    out = {label: fn() for label, fn in parts.items()}
-    ins = [x.clone().requires_grad_() for x in (q, k, v)]
-    ref = torch.autograd.grad(parallel_attn(*ins), ins, do)
-    dq, dk, dv, dg, dsink = out["bwd impl"]
-    assert dg is None and dsink is None
-    for name, a, b in zip(["dq", "dk", "dv"], ref, (dq, dk, dv)):
-        torch.testing.assert_close(b, a, msg=name)
-    torch.testing.assert_close(out["dq (+delta)"][0], dq)
-    for label in ("dkv gqa", "dkv per-query-head"):
-        torch.testing.assert_close(out[label][0], dk, msg=label)
-        torch.testing.assert_close(out[label][1], dv, msg=label)
-    assert out["select_dkv_kernel"].name in ("gqa", "per-query-head")
+def test_profile_host_smoke_run(tmp_path):
+    """profile_host.py end to end on the CPU (--smoke: tiny rows under the interpreter; not a measurement): ours and
+    SDPA timed on each row with a per-round ratio for every metric, the autograd floor and the environment in the
+    JSON, the process pinned to one core."""
+    out, rows = tmp_path / "host.json", ["gqa4-short-gated", "varlen-T2048", "gqa4-short-sink"]
+    proc = subprocess.run([sys.executable, str(TOOLS / "profile_host.py"), "--smoke", "--rows", ",".join(rows),
+                           "--json", str(out)], capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "SMOKE (not a measurement)" in proc.stdout
+    rec = json.loads(out.read_text())
+    assert rec["smoke"] and rec["env"]["torch"] == torch.__version__ and {"commit", "date", "gpu"} <= set(rec["env"])
+    assert rec["env"]["cpu_affinity"].startswith("pinned to CPU core") or not hasattr(os, "sched_setaffinity")
+    assert rec["autograd_floor"]["bwd_idle_us"] > 0 and rec["launch_floor"] == {"skipped": "no GPU"}
+    assert list(rec["rows"]) == rows
+    for name, row in rec["rows"].items():
+        assert "error" not in row, (name, row)
+        for m in ("fwd_idle", "fwd_b2b", "bwd_idle", "bwd_b2b"):
+            assert row["ours"][m]["median_us"] > 0 and row["sdpa_fa2"][m]["median_us"] > 0, (name, m)
+            assert len(row["ratio_ours_over_sdpa"][m]["rounds"]) == rec["settings"]["rounds"] == 2
+    assert rec["rows"]["varlen-T2048"]["ours"]["call"].endswith("+cu_seqlens")
+    assert "+g" in rec["rows"]["gqa4-short-gated"]["ours"]["call"]
+    assert "enable_gqa=True" in rec["rows"]["gqa4-short-sink"]["sdpa_fa2"]["call"]
+    assert run("profile_host.py", "--rows", "nope").returncode == 2

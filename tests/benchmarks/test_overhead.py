@@ -1,0 +1,150 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""CPU tests of the runner's host-overhead method (`benchmarks.ops.metrics.host_overhead`, issue 19): a whole step
+(forward + `torch.autograd.grad`) and the forward alone, each warmed up on the side stream and then captured on it,
+`graph_bwd_us` their difference, the current stream restored after a failed capture, and the runner's line. The CUDA
+calls are replaced by fakes that keep the order of events (streams, captures, replays, a clock advanced by the
+replays); the real thing runs on the GPU (`--overhead`)."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+from benchmarks.ops import bench, metrics  # noqa: E402
+
+KERNEL_MS = {"fwdbwd": 0.30, "fwd": 0.11}  # what a replay of each captured call adds to the fake GPU clock
+
+
+class FakeCuda:
+    """Streams, graphs and events as `host_overhead` uses them, recording what happens in `log`. Its `graph` context
+    behaves like torch's: the exit runs `capture_end` before restoring the stream, so a failed capture would leave the
+    capture stream current unless the caller restores it."""
+
+    def __init__(self, fail_capture=None):
+        self.log, self.current, self.clock, self.capturing = [], "default", 0.0, None
+        self.fail_capture = fail_capture
+        fake = self
+
+        class Stream:
+            def __init__(self, name="side"):
+                self.name = name
+
+            def wait_stream(self, other):
+                fake.log.append(("wait", self.name, other.name))
+
+        class StreamCtx:
+            def __init__(self, stream):
+                self.stream = stream
+
+            def __enter__(self):
+                self.prev, fake.current = fake.current, self.stream.name
+
+            def __exit__(self, *exc):
+                fake.current = self.prev
+
+        class CUDAGraph:
+            def __init__(self):
+                self.ms, self.error = 0.0, None
+
+            def replay(self):
+                fake.clock += self.ms
+
+        class Graph:
+            def __init__(self, graph, stream):
+                self.graph, self.ctx = graph, StreamCtx(stream)
+
+            def __enter__(self):
+                self.ctx.__enter__()
+                fake.capturing = self.graph
+                fake.log.append(("capture_begin", fake.current))
+
+            def __exit__(self, *exc):
+                fake.capturing = None
+                if exc[0] is not None:
+                    raise RuntimeError("operation failed due to a previous error during capture")
+                self.ctx.__exit__(*exc)
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = fake.clock
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        self.Stream, self.CUDAGraph, self.Event = Stream, CUDAGraph, Event
+        self.stream = StreamCtx
+        self.graph = lambda g, stream=None: Graph(g, stream)
+        self.default = Stream("default")
+
+    def install(self, monkeypatch):
+        for name in ("Stream", "CUDAGraph", "Event", "stream", "graph"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: self.Stream(self.current))
+        monkeypatch.setattr(torch.cuda, "set_stream", lambda s: setattr(self, "current", s.name))
+
+    def build(self, mode):
+        """`Candidate.build`'s contract: the zero-argument call of `mode`."""
+        def call():
+            self.log.append((mode, self.current, "capture" if self.capturing else "run"))
+            if self.capturing is not None:
+                if self.fail_capture == mode:
+                    raise RuntimeError("operation would make the legacy stream depend on a capturing blocking stream")
+                self.capturing.ms = KERNEL_MS[mode]
+        return call
+
+
+@pytest.mark.parametrize("mode", ["bwd", "fwdbwd", "fwd"])
+def test_whole_step_and_forward_graphs(monkeypatch, mode):
+    fake = FakeCuda()
+    fake.install(monkeypatch)
+    flushes = []
+    out = metrics.host_overhead(fake.build, mode, calls=5, flush=lambda: flushes.append(1))
+    assert "graph_error" not in out, out
+    assert out["graph_step_us"] == pytest.approx(300.0) and out["graph_fwd_us"] == pytest.approx(110.0)
+    assert out["graph_bwd_us"] == pytest.approx(190.0)
+    assert out["graph_us"] == out[metrics.GRAPH_KEY[mode]]
+    assert out["host_overhead_us"] == pytest.approx(out["wall_us"] - out["graph_us"])
+    calls = [e for e in fake.log if e[0] in KERNEL_MS or e[0] == "bwd"]
+    # the wall-time calls of the mode on the default stream, then for each graph: 3 warm-up calls on the side
+    # stream and the capture there, the whole step first
+    assert calls[:5] == [(mode, "default", "run")] * 5
+    assert calls[5:] == [("fwdbwd", "side", "run")] * 3 + [("fwdbwd", "side", "capture")] + \
+        [("fwd", "side", "run")] * 3 + [("fwd", "side", "capture")]
+    assert fake.log.index(("wait", "side", "default")) < fake.log.index(("fwdbwd", "side", "run"))
+    assert fake.current == "default"
+    assert len(flushes) == 5 + 2 * 5  # before every wall call and every timed replay
+
+
+@pytest.mark.parametrize("fail", ["fwdbwd", "fwd"])
+def test_failed_capture_restores_the_stream_and_names_the_cause(monkeypatch, fail):
+    fake = FakeCuda(fail_capture=fail)
+    fake.install(monkeypatch)
+    out = metrics.host_overhead(fake.build, "bwd", calls=3)
+    assert fake.current == "default"  # torch.cuda.graph's exit alone would leave "side" current
+    assert "graph_bwd_us" not in out and "host_overhead_us" not in out and out["wall_us"] >= 0
+    assert out["graph_error"].startswith("RuntimeError: operation would make the legacy stream depend"), out
+    assert "(then RuntimeError: operation failed due to a previous error during capture)" in out["graph_error"]
+    assert metrics.compare_to_graph(out, "bwd", 400.0) == out  # nothing to compare with
+
+
+def test_compare_to_graph_and_runner_line():
+    ov = {"wall_us": 450.0, "graph_step_us": 260.0, "graph_fwd_us": 114.0, "graph_bwd_us": 146.0,
+          "graph_us": 146.0, "host_overhead_us": 304.0}
+    metrics.compare_to_graph(ov, "bwd", 175.2)
+    assert ov["bwd_median_us"] == 175.2 and ov["bwd_over_graph"] == pytest.approx(175.2 / 146.0)
+    res = {"candidates": {bench.OURS: {"median_us": 175.2, "tflops": None, "overhead": ov}}, "seconds": 1.0}
+    line = bench.mode_line("gqa4-short", "bwd", res)
+    assert "bwd alone 175 us vs graph bwd 146 us = 1.20x (wall 450, graph step 260, fwd 114)" in line, line
+    res["candidates"][bench.OURS]["overhead"] = {"wall_us": 450.0, "graph_error": "RuntimeError: boom"}
+    assert "graph capture failed: RuntimeError: boom" in bench.mode_line("gqa4-short", "bwd", res)
+    step = metrics.compare_to_graph(dict(ov), "fwdbwd", 520.0)
+    assert step["fwdbwd_over_graph"] == pytest.approx(2.0)
+    assert "fwd+bwd 520 us vs graph step 260 us = 2.00x" in bench.overhead_text("fwdbwd", step)
