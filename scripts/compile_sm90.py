@@ -111,8 +111,8 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
     plain = [
         ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
         ("dq", P.parallel_attn_bwd_kernel_dq,
-         dict(base, o=t(), do=t(), dq=t(), dgc_q=gate, delta=t(f32), DELTA_FROM_O=True, REFINE_DELTA=gated or sink,
-              COMPUTE_DQ=True), "dq"),
+         dict(base, o=t(), do=t(), dq=t(), dgc_q=gate, delta=t(f32), REFINE_DELTA=gated and not sink,
+              EXACT_DELTA=sink), "dq"),
         ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
         # SPLIT = 1; the split paths run the same loop over fewer heads, with the same tiles and shared memory.
         ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t(), SPLIT=1), "dkv"),

@@ -27,7 +27,7 @@ _AFTER_PYTHONPATH = max((i + 1 for i, p in enumerate(sys.path) if p and os.path.
 sys.path.insert(_AFTER_PYTHONPATH, _ROOT)
 from benchmarks.ops import registry  # noqa: E402
 from benchmarks.ops.timing import Timer, median_us  # noqa: E402
-from fla_bwd.ops.attn import config, dkv_path, naive_parallel_attn, parallel_attn  # noqa: E402
+from fla_bwd.ops.attn import config, dkv_path, host, naive_parallel_attn, parallel_attn  # noqa: E402
 
 # The registry's dense shapes with K == V in bf16 (the harness makes bf16 inputs): name -> (B, T, HQ, H, D, W, gated).
 SHAPES = {s.name: (s.B, s.T, s.HQ, s.H, s.K, s.W, s.gated)
@@ -61,10 +61,11 @@ VARIANTS = {
 @contextlib.contextmanager
 def variant(name):
     """Run the block with variant `name`'s entries in the public tables `config.TILE_CONFIGS` and
-    `config.DQ_PASSES`, both restored exactly (the same objects) on exit."""
+    `config.DELTA_MODES`, both restored exactly (the same objects) on exit; the launch plans built from them are
+    dropped on the way in and out (`host.clear_plans`)."""
     over = VARIANTS[name]
     tiles = {key: dict(kernels) for key, kernels in config.TILE_CONFIGS.items()}
-    passes = dict(config.DQ_PASSES)
+    passes = dict(config.DELTA_MODES)
     try:
         for kernels in config.TILE_CONFIGS.values():
             for kernel, cfg in over.items():
@@ -73,17 +74,19 @@ def variant(name):
             # what the fp32 delta refinement costs the gated dQ kernel: every delta mode runs the single rounded
             # pass. Timing only: dK/dV lose accuracy, and a gated call's dg is wrong (the query side of its
             # gradient is stored by the refinement), so --check runs outside the variants.
-            for mode in config.DQ_PASSES:
-                config.DQ_PASSES[mode] = config.DQ_PASSES["rounded"]
+            for mode in config.DELTA_MODES:
+                config.DELTA_MODES[mode] = config.DELTA_MODES["rounded"]
         config.gqa_split.cache_clear()  # it caches decisions made from the dK/dV tile
+        host.clear_plans()
         yield
     finally:
         for key, kernels in tiles.items():
             config.TILE_CONFIGS[key].clear()
             config.TILE_CONFIGS[key].update(kernels)
-        config.DQ_PASSES.clear()
-        config.DQ_PASSES.update(passes)
+        config.DELTA_MODES.clear()
+        config.DELTA_MODES.update(passes)
         config.gqa_split.cache_clear()
+        host.clear_plans()
 
 
 def make_inputs(B, T, HQ, H, D, gated, dtype=torch.bfloat16, seed=0):

@@ -58,23 +58,24 @@ def test_tune_attn_variant_overrides_and_restores_the_public_tables():
     from fla_bwd.ops.attn import config, host
 
     tiles = {key: dict(kernels) for key, kernels in config.TILE_CONFIGS.items()}
-    passes = dict(config.DQ_PASSES)
+    passes = dict(config.DELTA_MODES)
     with tune.variant("dkv128s64w8"):
         for key, kernels in config.TILE_CONFIGS.items():
             assert kernels["dkv"] == dict(tiles[key]["dkv"], BT=128, BS=64, num_warps=8, num_stages=2)
             assert kernels["dq"] is tiles[key]["dq"] and kernels["fwd"] is tiles[key]["fwd"]
-        assert config.DQ_PASSES == passes
+        assert config.DELTA_MODES == passes
     with pytest.raises(RuntimeError), tune.variant("norefine"):
-        assert host.DQ_PASSES is config.DQ_PASSES  # the table the dQ launcher reads
-        assert all(p == passes["rounded"] for p in config.DQ_PASSES.values())
+        assert host.DELTA_MODES is config.DELTA_MODES  # the table the dQ launcher reads
+        assert not host._PLANS  # plans built from the base tables are gone
+        assert all(p == passes["rounded"] for p in config.DELTA_MODES.values())
         raise RuntimeError  # restored on the way out of an error too
     # the same objects as before
     assert list(config.TILE_CONFIGS) == list(tiles)
     for key, kernels in config.TILE_CONFIGS.items():
         assert list(kernels) == list(tiles[key])
         assert all(kernels[k] is tiles[key][k] for k in kernels)
-    assert list(config.DQ_PASSES) == list(passes)
-    assert all(config.DQ_PASSES[m] is passes[m] for m in passes)
+    assert list(config.DELTA_MODES) == list(passes)
+    assert all(config.DELTA_MODES[m] is passes[m] for m in passes)
 
 
 def test_tune_attn_norefine_reaches_the_dq_launcher():

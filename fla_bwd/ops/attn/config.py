@@ -58,18 +58,16 @@ def tile_config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dic
 INLINE_CONTAINMENT_WORK = 2**29
 
 
-class DqPass(NamedTuple):
-    """One launch of the dQ kernel (see `host.add_dq`)."""
-    delta_from_o: bool  # compute delta = rowsum(o * dO) of the rows (else read it)
-    refine_delta: bool  # overwrite delta with the fp32 rowsum(P * dP) for the dK/dV kernel
-    compute_dq: bool  # compute and store dq (else only the refinement)
+class DeltaMode(NamedTuple):
+    """How the dQ kernel computes delta, the per-row sum that dS subtracts (see `host.add_dq`)."""
+    refine: bool  # dq from rowsum(o * dO), then rowsum(P * dP) stored for the dK/dV kernel
+    exact: bool  # rowsum(P * dP) from a first loop over the keys, for dq and the dK/dV kernel alike
 
 
-# The dQ launches for each way of computing delta (see `host.add_dq`).
-DQ_PASSES = {
-    "rounded": (DqPass(True, False, True),),  # no gate, no sink: delta's ~1e-3 rounding costs little
-    "refine": (DqPass(True, True, True),),  # gates: dgc is a reverse cumsum, which turns delta's error into a walk
-    "exact": (DqPass(False, True, False), DqPass(False, False, True)),  # sinks: dq needs the exact delta itself
+DELTA_MODES = {
+    "rounded": DeltaMode(False, False),  # no gate, no sink: delta's ~1e-3 rounding costs little
+    "refine": DeltaMode(True, False),  # gates: dgc is a reverse cumsum, which turns delta's error into a walk
+    "exact": DeltaMode(False, True),  # sinks: dq needs the exact delta itself (PERF.md #8)
 }
 
 

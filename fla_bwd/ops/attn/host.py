@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from fla_bwd import settings
-from fla_bwd.ops.attn.config import DQ_PASSES, INLINE_CONTAINMENT_WORK, tile_config
+from fla_bwd.ops.attn.config import DELTA_MODES, INLINE_CONTAINMENT_WORK, tile_config
 from fla_bwd.ops.attn.inner import FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.parallel import (
     DkvKernel,
@@ -83,6 +83,11 @@ def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int) -
 # Plans by key. Cleared when full: a process that keeps changing shapes rebuilds, one that trains reuses.
 _PLANS: dict = {}
 _MAX_PLANS = 512
+
+
+def clear_plans() -> None:
+    """Drop every cached plan: after a change to the tables they were built from (`config`; the tune harness)."""
+    _PLANS.clear()
 
 
 def _plan(key: tuple, build, *args) -> Plan:
@@ -182,23 +187,25 @@ def add_fwd(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref])
 
 
 def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str) -> None:
-    """dq in q's dtype, and delta `[HQ, B * T]` fp32 for the dK/dV kernel. `delta_mode` (a key of
-    `config.DQ_PASSES`) says how delta (rowsum(o * dO), from the rounded o) is computed and treated:
+    """dq in q's dtype, and delta `[HQ, B * T]` fp32 for the dK/dV kernel, in one launch (two with containment).
+    `delta_mode` (a key of `config.DELTA_MODES`) says how delta (rowsum(o * dO), from the rounded o) is computed
+    and treated:
     - "rounded": used as is (no gate, no sink: its ~1e-3 relative error costs dq and dk little);
     - "refine": dq uses it, then overwrites it with the fp32 rowsum(P * dP) for the dK/dV kernel (gates: dgc is
       a reverse cumsum of dS sums, which turns delta's error into a random walk along the sequence); with gates
       it also stores the query side of dgc into `dgc_q` (see `inner.dkv_one_head`);
-    - "exact": a first pass computes rowsum(P * dP) (two of dQ's three products), then dq uses it (sinks: with a
-      sink, dP - delta = p_sink * dP on a row that sees few keys, a small difference that the rounded delta
-      swamps; PERF.md #8).
+    - "exact": a first loop over the keys computes rowsum(P * dP) (two of dQ's three products), then dq uses it
+      (sinks: with a sink, dP - delta = p_sink * dP on a row that sees few keys, a small difference that the
+      rounded delta swamps; PERF.md #8). One launch with both loops since issue 19 (was two launches).
     """
     dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
     delta = plan.empty("delta", (s.HQ, s.B * s.T), _F32)
     _, NT, args = _common(plan, s, tiles, "dq")
-    for step in DQ_PASSES[delta_mode] if NT > 0 else ():
+    mode = DELTA_MODES[delta_mode]
+    if NT > 0:
         add_contained(plan, s, parallel_attn_bwd_kernel_dq, NT * s.B * s.HQ, dict(
             args, o=Ref("o"), do=Ref("do"), dq=dq, dgc_q=dgc_q, lse=Ref("lse"), delta=delta, g_cumsum=gc,
-            DELTA_FROM_O=step.delta_from_o, REFINE_DELTA=step.refine_delta, COMPUTE_DQ=step.compute_dq))
+            REFINE_DELTA=mode.refine, EXACT_DELTA=mode.exact))
 
 
 def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref], kernel: DkvKernel) -> None:

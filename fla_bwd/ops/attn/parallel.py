@@ -106,22 +106,51 @@ def parallel_attn_fwd_kernel(
     tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
 
 
+@triton.jit
+def _dq_rows(
+    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    REFINE_DELTA: tl.constexpr, EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
+    SAFE: tl.constexpr,
+):
+    """The dQ kernel's loops for its tile: (dq unscaled, the delta to store for the dK/dV kernel, and the
+    off-diagonal row sums of P * dP and P that the query side of dgc needs; see `dq_block`). b_delta is
+    rowsum(o * dO): dq uses it unless EXACT_DELTA, where a first loop computes rowsum(P * dP) (two of the three
+    products) for dq and the dK/dV kernel alike; REFINE_DELTA stores rowsum(P * dP) for the dK/dV kernel only."""
+    if EXACT_DELTA:
+        _, b_delta, b_off_pdp, b_off_p = dq_tile(
+            b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+            K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=True, DOT_PREC=DOT_PREC, USE_G=USE_G,
+            COMPUTE_DQ=False, SAFE=SAFE)
+    b_dq, b_pdp, b_off_pdp2, b_off_p2 = dq_tile(
+        b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, DOT_PREC=DOT_PREC, USE_G=USE_G,
+        COMPUTE_DQ=True, SAFE=SAFE)
+    if REFINE_DELTA:
+        b_delta, b_off_pdp, b_off_p = b_pdp, b_off_pdp2, b_off_p2
+    elif not EXACT_DELTA:
+        b_off_pdp, b_off_p = b_off_pdp2, b_off_p2  # zeros: no row sums without REFINE_DELTA
+    return b_dq, b_delta, b_off_pdp, b_off_p
+
+
 @triton.heuristics({n: _HEURISTICS[n] for n in ("USE_G", "IS_VARLEN")})
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
     q, k, v, o, do, dq, dgc_q, lse, delta, nonfinite, g_cumsum, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, DELTA_FROM_O: tl.constexpr, REFINE_DELTA: tl.constexpr,
-    COMPUTE_DQ: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr, EXACT_DELTA: tl.constexpr,
+    DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
 ):
-    """dQ for one query tile of one query head, over the same key ranges as the forward. With DELTA_FROM_O it
-    computes delta = rowsum(o * dO) of its rows and stores it for the dK/dV kernel (no separate preprocess
-    launch: a launch costs more host time than this sum costs the GPU, PERF.md #14); otherwise it reads
-    delta. With REFINE_DELTA it also replaces delta by rowsum(P * dP) for the kernels that run next (see the end
-    of this kernel), and with gates it stores the query side of dgc (see `dkv_one_head`); without COMPUTE_DQ it
-    does only that (the first of two passes, see `host.add_dq`). CONTAIN as in the forward kernel."""
+    """dQ for one query tile of one query head, over the same key ranges as the forward, and delta for the dK/dV
+    kernel (`host.add_dq` says which delta). By default it computes delta = rowsum(o * dO) of its rows and stores
+    it (no separate preprocess launch: a launch costs more host time than this sum costs the GPU, PERF.md #14).
+    With REFINE_DELTA it then replaces delta by rowsum(P * dP) for the kernels that run next (see the end of this
+    kernel), and with gates it stores the query side of dgc (see `dkv_one_head`). With EXACT_DELTA it computes
+    rowsum(P * dP) in a first loop over the keys and uses that for dq too (`_dq_rows`). CONTAIN as in the forward
+    kernel."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
+    tl.static_assert(not (REFINE_DELTA and EXACT_DELTA), "one way of computing delta")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
@@ -144,45 +173,37 @@ def parallel_attn_bwd_kernel_dq(
     # [BT, BV]
     b_do = tl.load(do + p_o, mask=m_o, other=0)
     b_lse = tl.load(lse + row_base + o_t, mask=m_t, other=float("inf"))
-    if DELTA_FROM_O:
-        b_delta = tl.sum(tl.load(o + p_o, mask=m_o, other=0).to(tl.float32) * b_do.to(tl.float32), 1)
-        if not REFINE_DELTA:
-            tl.store(delta + row_base + o_t, b_delta, mask=m_t)
-    elif COMPUTE_DQ:
-        b_delta = tl.load(delta + row_base + o_t, mask=m_t, other=0)
+    if EXACT_DELTA:
+        b_delta = tl.zeros([BT], dtype=tl.float32)  # not read: the first loop of `_dq_rows` computes it
     else:
-        # The first pass of the "exact" delta (sinks, see `host.add_dq`) computes delta; nothing has written it
-        # yet, and that pass does not use it.
-        b_delta = tl.zeros([BT], dtype=tl.float32)
+        b_delta = tl.sum(tl.load(o + p_o, mask=m_o, other=0).to(tl.float32) * b_do.to(tl.float32), 1)
     b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
     qk_scale = scale * LOG2E
-    b_dq, b_pdp, b_off_pdp, b_off_p = dq_tile(
+    b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
         b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, DOT_PREC=DOT_PREC, USE_G=USE_G,
-        COMPUTE_DQ=COMPUTE_DQ, SAFE=CONTAIN == FIXUP)
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA, DOT_PREC=DOT_PREC,
+        USE_G=USE_G, SAFE=CONTAIN == FIXUP)
     if CONTAIN != FIXUP:
-        bad = any_nonfinite(b_dq) | any_nonfinite((b_pdp + b_off_pdp + b_off_p)[:, None])
+        bad = any_nonfinite(b_dq) | any_nonfinite((b_delta_out + b_off_pdp + b_off_p)[:, None])
         if CONTAIN == INLINE:
             if bad:
-                b_dq, b_pdp, b_off_pdp, b_off_p = dq_tile(
+                b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
                     b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-                    K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, DOT_PREC=DOT_PREC, USE_G=USE_G,
-                    COMPUTE_DQ=COMPUTE_DQ, SAFE=True)
+                    K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA,
+                    DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=True)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
-    if COMPUTE_DQ:
-        tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
-    if REFINE_DELTA:
-        # delta = rowsum(o * dO) carries o's rounding to the input dtype, and the gate gradient is a reverse cumsum
-        # of differences of dS sums, which turns that error into a random walk along the sequence (PERF.md #4).
-        # rowsum(P * dP) is the same quantity from fp32 terms; this program owns these rows, so it overwrites delta
-        # in place for the dK/dV kernel, which runs next and computes the key side of dgc (and dK, dsink) from it.
-        tl.store(delta + row_base + o_t, b_pdp, mask=m_t)
-        if USE_G:
-            # Query side of dgc_j: sum over keys i < j of P_ji * (dP_ji - delta_j), from the fp32 sums.
-            tl.store(dgc_q + row_base + o_t, b_off_pdp - b_pdp * b_off_p, mask=m_t)
+    tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
+    # delta = rowsum(o * dO) carries o's rounding to the input dtype, and the gate gradient is a reverse cumsum of
+    # differences of dS sums, which turns that error into a random walk along the sequence (PERF.md #4): gated and
+    # sink calls store rowsum(P * dP), the same quantity from fp32 terms, for the dK/dV kernel, which runs next and
+    # computes the key side of dgc (and dK, dsink) from it.
+    tl.store(delta + row_base + o_t, b_delta_out, mask=m_t)
+    if USE_G and (REFINE_DELTA or EXACT_DELTA):  # the host always picks one with gates
+        # Query side of dgc_j: sum over keys i < j of P_ji * (dP_ji - delta_j), from the fp32 sums.
+        tl.store(dgc_q + row_base + o_t, b_off_pdp - b_delta_out * b_off_p, mask=m_t)
 
 
 @triton.jit
