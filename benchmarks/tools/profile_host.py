@@ -2,14 +2,15 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """Host (CPU) time to issue `parallel_attn` against SDPA's FlashAttention-2 backend, in one process (issue 19).
 
-One run measures the no-work autograd floor (a backward through a torch.autograd.Function that does nothing), the
-host cost of one kernel launch (`launch_floor`), and for each row, ours and SDPA-FA2 on the row's dense twin: the
-issue time of a forward (autograd on) and of a backward (`torch.autograd.grad(o, leaves, do, retain_graph=True)`),
-two ways. `idle`: one call from an idle queue (synchronize, time the call alone), median of --calls. `b2b`: --b2b
-calls back to back (each releasing the previous result, as a loop does), then one synchronize; host time per call
-before that synchronize (`b2b_wall`: after it), median of 3. Ours and SDPA alternate in --rounds rounds, the order
-flipped each round, so host noise hits both; ratios are ours / SDPA per round, reported as their median. The process
-is pinned to one CPU core first (the threads it starts later, CUDA's and autograd's, inherit it).
+One run measures the no-work autograd floor (a forward and a backward through a torch.autograd.Function that does
+nothing but allocate its outputs), the host cost of one kernel launch (`launch_floor`), and for each row, ours and
+SDPA-FA2 on the row's dense twin: the issue time of a forward (autograd on) and of a backward
+(`torch.autograd.grad(o, leaves, do, retain_graph=True)`), two ways. `idle`: one call from an idle queue
+(synchronize, time the call alone), median of --calls. `b2b`: --b2b calls back to back (each releasing the previous
+result, as a loop does), then one synchronize; host time per call before that synchronize (`b2b_wall`: after it),
+median of 3. Ours and SDPA alternate in --rounds rounds, the order flipped each round, so host noise hits both;
+ratios are ours / SDPA per round, reported as their median. The process is pinned to one CPU core first (the threads
+it starts later, CUDA's and autograd's, inherit it).
 
     python benchmarks/tools/profile_host.py [--json benchmarks/results/host.json] [--rounds 5] [--rows mha-short,...]
     TRITON_INTERPRET=1 python benchmarks/tools/profile_host.py --smoke --json /tmp/host.json   # CPU self-test
@@ -160,10 +161,12 @@ def _calls(fwd, leaves, desc):
 
 def autograd_floor(spec, dev, calls) -> dict:
     q, k, v, _, leaves, _ = make_inputs(spec, dev, heads_first=False)
-    _, bwd, _ = _calls(lambda: _NoWork.apply(q, k, v, None, None, None, spec["D"] ** -0.5, 0), leaves, "")
+    fwd, bwd, _ = _calls(lambda: _NoWork.apply(q, k, v, None, None, None, spec["D"] ** -0.5, 0), leaves, "")
     for _ in range(10):
+        fwd()
         bwd()
-    return {"bwd_idle_us": idle_us(bwd, calls), "bwd_b2b_us": b2b_us(bwd, 30)[0]}
+    return {"fwd_idle_us": idle_us(fwd, calls), "fwd_b2b_us": b2b_us(fwd, 30)[0],
+            "bwd_idle_us": idle_us(bwd, calls), "bwd_b2b_us": b2b_us(bwd, 30)[0]}
 
 
 def ours(spec, dev):
@@ -234,7 +237,8 @@ def environment(pinned):
             env[key] = res.stdout.strip() if res.returncode == 0 else None
         except (OSError, subprocess.SubprocessError):
             env[key] = None
-    env["commit"] = env["commit"] or os.environ.get("BENCH_COMMIT")  # a copy of the tree without .git
+    # BENCH_COMMIT first: the device machine's copy of the tree carries a .git of an older commit
+    env["commit"] = os.environ.get("BENCH_COMMIT") or env["commit"]
     env["dirty"] = bool(env["dirty"]) if env["dirty"] is not None else None
     return env
 
@@ -279,8 +283,9 @@ def main(argv=None):
             json.dump(record, f, indent=1)
 
     floor = record["autograd_floor"] = autograd_floor(rows["gqa4-short"], dev, args.calls)
-    print(f"autograd floor (no-work Function, gqa4-short shapes): backward issue idle {floor['bwd_idle_us']:.1f} us,"
-          f" back to back {floor['bwd_b2b_us']:.1f} us")
+    print(f"autograd floor (no-work Function, gqa4-short shapes): forward issue idle {floor['fwd_idle_us']:.1f} us, "
+          f"back to back {floor['fwd_b2b_us']:.1f} us; backward issue idle {floor['bwd_idle_us']:.1f} us, back to "
+          f"back {floor['bwd_b2b_us']:.1f} us")
     record["launch_floor"] = launch_floor() if cuda else {"skipped": "no GPU"}
     for label, r in record["launch_floor"].items():
         print(f"  launch {label:36s} " + (f"idle {r['idle_us']:7.1f} us  back to back {r['b2b_us']:7.1f} us"
