@@ -176,8 +176,9 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
             if st.overhead and (st.overhead == "all" or shape.name in st.overhead.split(",")):
                 for c in cands[: 2 if st.ab else 1]:
                     cres = res["candidates"][c.name]
+                    c.release()  # the timed calls' forward output: see host_overhead's `release`
                     try:
-                        ov = host_overhead(c.build, mode, flush=timer.flush)
+                        ov = host_overhead(c.build, mode, flush=timer.flush, release=c.release)
                         cres["overhead"] = compare_to_graph(ov, mode, cres["median_us"])
                     except Exception as e:
                         cres["overhead"] = {"error": C.one_line(e)}

@@ -122,7 +122,7 @@ def _replay_us(graphs: dict, calls: int, flush: Optional[Callable]) -> dict:
 
 
 def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20,
-                  flush: Optional[Callable] = None) -> dict:
+                  flush: Optional[Callable] = None, release: Optional[Callable] = None) -> dict:
     """What the host adds to one call of `mode`, against kernel time from CUDA-graph replays (issue 19's method).
 
     `build(m)` returns the zero-argument call of mode m (`Candidate.build`). `wall_us`: median over `calls` of the
@@ -133,7 +133,10 @@ def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20,
     timer) and `graph_bwd_us` their difference, the backward's kernel time without host. (Capturing the backward
     alone after a forward outside the capture fails for every autograd op, SDPA's too: autograd runs a backward
     node on its forward's stream.) `host_overhead_us` = `wall_us` minus the mode's graph figure (`graph_us`,
-    `GRAPH_KEY`). A failed capture is reported as `graph_error`, with the current stream restored."""
+    `GRAPH_KEY`). A failed capture is reported as `graph_error`, with the current stream restored. `release()`,
+    when given, drops what `build` keeps alive (a bwd call's forward output) before the captures: an autograd graph
+    of the leaves kept from an eager call ties their AccumulateGrad nodes to the default stream, and the capture then
+    fails ("operation would make the legacy stream depend on a capturing blocking stream")."""
     fn = build(mode)
     walls = []
     for _ in range(calls):
@@ -146,6 +149,8 @@ def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20,
         walls.append((time.perf_counter() - t0) * 1e6)
     out = {"wall_us": statistics.median(walls)}
     del fn
+    if release is not None:
+        release()
     graphs = {}
     try:
         side = torch.cuda.Stream()
