@@ -106,13 +106,13 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
     gate, sk = (t(f32) if gated else None), (t(f32) if sink else None)
     base = dict(q=t(), k=t(), v=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=gate, cu_seqlens=None,
                 chunk_indices=None, scale=0.1, T=100, W=100, NTOK=100, B=1, **dims)
-    dkv = dict(base, do=t(), dgc_k=gate, dsink_partial=sk, delta=t(f32), sink_bias=sk)
+    dkv = dict(base, do=t(), dgc_k=gate, dsink_partial=sk, dsink=sk, delta=t(f32), NUM_PARTIALS=7)
     # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `host.add_contained`).
     plain = [
         ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
         ("dq", P.parallel_attn_bwd_kernel_dq,
-         dict(base, o=t(), do=t(), dq=t(), dgc_q=gate, delta=t(f32), REFINE_DELTA=gated and not sink,
-              EXACT_DELTA=sink), "dq"),
+         dict(base, o=t(), do=t(), dq=t(), dgc_q=gate, delta=t(f32), sink_bias=sk, dsink_partial=sk,
+              REFINE_DELTA=gated and not sink, EXACT_DELTA=sink), "dq"),
         ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
         # SPLIT = 1; the split paths run the same loop over fewer heads, with the same tiles and shared memory.
         ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t(), SPLIT=1), "dkv"),

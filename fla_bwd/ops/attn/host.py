@@ -186,7 +186,7 @@ def add_fwd(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref])
                        dict(args, o=o, lse=lse, g_cumsum=gc, sink_bias=sink))
 
 
-def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str) -> None:
+def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str) -> int:
     """dq in q's dtype, and delta `[HQ, B * T]` fp32 for the dK/dV kernel, in one launch (two with containment).
     `delta_mode` (a key of `config.DELTA_MODES`) says how delta (rowsum(o * dO), from the rounded o) is computed
     and treated:
@@ -197,48 +197,56 @@ def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref],
     - "exact": a first loop over the keys computes rowsum(P * dP) (two of dQ's three products), then dq uses it
       (sinks: with a sink, dP - delta = p_sink * dP on a row that sees few keys, a small difference that the
       rounded delta swamps; PERF.md #8). One launch with both loops since issue 19 (was two launches).
+    With a sink it also stores "dsink_partial" `[HQ, partials]` fp32 for the dK/dV kernel, which sums them into
+    dsink. Returns the number of partials per head.
     """
     dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
     delta = plan.empty("delta", (s.HQ, s.B * s.T), _F32)
     _, NT, args = _common(plan, s, tiles, "dq")
     mode = DELTA_MODES[delta_mode]
+    sink = s.sink_dtype is not None
+    partial = plan.empty("dsink_partial", (s.HQ, NT * s.B), _F32) if sink else None
     if NT > 0:
         add_contained(plan, s, parallel_attn_bwd_kernel_dq, NT * s.B * s.HQ, dict(
             args, o=Ref("o"), do=Ref("do"), dq=dq, dgc_q=dgc_q, lse=Ref("lse"), delta=delta, g_cumsum=gc,
-            REFINE_DELTA=mode.refine, EXACT_DELTA=mode.exact))
+            sink_bias=Ref("sink_bias") if sink else None, dsink_partial=partial, REFINE_DELTA=mode.refine,
+            EXACT_DELTA=mode.exact))
+    return NT * s.B
 
 
-def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref], kernel: DkvKernel) -> None:
+def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, partials: int) -> None:
     """dk, dv in the inputs' dtypes; "dgc_k" `[HQ, B * T]` fp32, minus the key side of the gradient w.r.t. the
-    gate's cumsum (gates only; the dQ kernel stored the query side, `add_gate_grad` adds the two); "dsink_partial"
-    `[HQ, programs]` fp32 (sinks only). `kernel` (from `dkv_kernel_for`) says which kernel computes them."""
+    gate's cumsum (gates only; the dQ kernel stored the query side, `add_gate_grad` adds the two); "dsink" `[HQ]` in
+    sink_bias's dtype (sinks only: the sum of the dQ kernel's `partials` per head). `kernel` (from
+    `dkv_kernel_for`) says which kernel computes them."""
     if kernel.per_kv_head:
         launched, NH, extra = parallel_attn_bwd_kernel_dkv_per_kv_head, s.H * kernel.split, {"SPLIT": kernel.split}
     else:
         # One dK/dV per query head; with G > 1 they are summed in fp32 below.
         launched, NH, extra = parallel_attn_bwd_kernel_dkv_per_query_head, s.HQ, {}
-    partials = NH != s.H
-    acc_dtype = _F32 if partials else s.dtype
-    dk = plan.empty("dk_part" if partials else "dk", (s.B, s.T, NH, s.K), acc_dtype)
-    dv = plan.empty("dv_part" if partials else "dv", (s.B, s.T, NH, s.V), acc_dtype)
+    split = NH != s.H
+    acc_dtype = _F32 if split else s.dtype
+    dk = plan.empty("dk_part" if split else "dk", (s.B, s.T, NH, s.K), acc_dtype)
+    dv = plan.empty("dv_part" if split else "dv", (s.B, s.T, NH, s.V), acc_dtype)
     _, NT, args = _common(plan, s, tiles, "dkv")
-    partial = plan.empty("dsink_partial", (s.HQ, NT * s.B), _F32) if sink is not None else None
+    sink = s.sink_dtype is not None
+    dsink = None
+    if sink:
+        # No tile, no program to sum: zeros (the gradient of a sink that no token saw).
+        dsink = plan.empty("dsink", (s.HQ,), s.sink_dtype) if NT > 0 else plan.apply("dsink", torch.zeros_like,
+                                                                                        Ref("sink_bias"))
     dgc_k = plan.empty("dgc_k", (s.HQ, s.B * s.T), _F32) if gc is not None else None
     if NT > 0:
         add_contained(plan, s, launched, NT * s.B * NH, dict(
-            args, do=Ref("do"), dk=dk, dv=dv, dgc_k=dgc_k, dsink_partial=partial, lse=Ref("lse"),
-            delta=Ref("delta"), g_cumsum=gc, sink_bias=sink, **extra))
-    if partials:
+            args, do=Ref("do"), dk=dk, dv=dv, dgc_k=dgc_k, lse=Ref("lse"), delta=Ref("delta"), g_cumsum=gc,
+            dsink_partial=Ref("dsink_partial") if sink else None, dsink=dsink, NUM_PARTIALS=partials, **extra))
+    if split:
         add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, s.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # A whole forward, a whole backward
 # ----------------------------------------------------------------------------------------------------------------
-
-def _as_f32(x: torch.Tensor) -> torch.Tensor:
-    return x.float().contiguous()
-
 
 def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
     return s.B if tiles is None else len(tiles.lengths)
@@ -263,8 +271,7 @@ def _build_forward(s: Shape, tiles: Optional[VarlenTiles]) -> Plan:
     gc = None
     if s.g_dtype is not None:
         gc = add_gate_cumsum(plan, Ref("g"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, (s.HQ, 1))
-    sink = plan.apply("sink", _as_f32, Ref("sink_bias")) if s.sink_dtype is not None else None
-    add_fwd(plan, s, tiles, gc, sink)
+    add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None)
     return _finish(plan)
 
 
@@ -284,22 +291,15 @@ def _delta_mode(s: Shape) -> str:
 def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: DkvKernel) -> Plan:
     plan = _new_plan(s)
     gc = Ref("gc") if s.g_dtype is not None else None
-    sink = plan.apply("sink", _as_f32, Ref("sink_bias")) if s.sink_dtype is not None else None
     # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its key
     # side, and the reverse cumsum adds them.
     dgc_q = plan.empty("dgc_q", (s.HQ, s.B * s.T), _F32) if gc is not None else None
-    add_dq(plan, s, tiles, gc, dgc_q, _delta_mode(s))
-    add_dkv(plan, s, tiles, gc, sink, kernel)
+    partials = add_dq(plan, s, tiles, gc, dgc_q, _delta_mode(s))
+    add_dkv(plan, s, tiles, gc, kernel, partials)
     if gc is not None:
         cu = Ref("cu_seqlens") if tiles is not None else None
         add_gate_grad(plan, dgc_q, Ref("dgc_k"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, s.g_dtype)
-    if sink is not None:
-        plan.apply("dsink", functools.partial(_sum_partials, dtype=s.sink_dtype), Ref("dsink_partial"))
     return _finish(plan)
-
-
-def _sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return partial.sum(1).to(dtype)
 
 
 def dkv_kernel(call: Call) -> DkvKernel:

@@ -69,15 +69,14 @@ def query_tile(B, T, cu_seqlens, chunk_indices, HQ: tl.constexpr, G: tl.constexp
 
 @triton.jit
 def key_tile(B, T, cu_seqlens, chunk_indices, NH: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """The dK/dV programs' prologue, over NH head programs per batch: (head, dsink slot of this tile, number of
-    slots, int64 sequence start, sequence length, first key of the tile, key positions, their mask). Tiles keep
-    their natural order: the first key tiles of a causal sequence see the most queries and so start first."""
+    """The dK/dV programs' prologue, over NH head programs per batch: (head, int64 sequence start, sequence length,
+    first key of the tile, key positions, their mask). Tiles keep their natural order: the first key tiles of a
+    causal sequence see the most queries and so start first."""
     i_bh, i_tile = program_ids(B * NH)
-    num_tiles = tl.num_programs(0) // (B * NH)
     i_b, i_head = i_bh // NH, i_bh % NH
     i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN=IS_VARLEN)
     o_s = i_t * BT + tl.arange(0, BT)
-    return i_head, i_b * num_tiles + i_tile, B * num_tiles, bos, T, i_t * BT, o_s, o_s < T
+    return i_head, bos, T, i_t * BT, o_s, o_s < T
 
 
 @triton.jit
@@ -413,15 +412,13 @@ def dkv_block(
 
 @triton.jit
 def dkv_one_head(
-    b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dgk_base, b_sink, dsink_ptr, s0,
+    b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dgk_base, s0,
     T, W, qk_scale, stride_q, stride_do,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
 ):
     """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
-    gradient dgc w.r.t. the gate's cumsum for the tile's tokens; with a sink, write the tile's share of
-    dsink = -sum_j p_sink_j * delta_j (one partial per tile, summed on the host in a fixed order, so dsink is
-    deterministic).
+    gradient dgc w.r.t. the gate's cumsum for the tile's tokens.
 
     dgc_j = sum_{i<j} dS_ji (j as a query) - sum_{i>j} dS_ij (j as a key). The pair (j, j) is left out of both:
     its score does not depend on gc (gc_j - gc_j), and its dS is a difference of two nearly equal numbers whenever j
@@ -456,10 +453,6 @@ def dkv_one_head(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
             o_s, i_t, T, W, qk_scale, stride_q, stride_do,
             K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
-    if USE_SINK:
-        b_lse = tl.load(lse_base + o_s, mask=m_s, other=float("inf"))
-        b_delta = tl.load(delta_base + o_s, mask=m_s, other=0)
-        tl.store(dsink_ptr, -tl.sum(b_delta * tl.exp2(b_sink - b_lse), 0))
     if USE_G:
         tl.store(dgk_base + o_s, -b_dgk, mask=m_s)
     return b_dk, b_dv

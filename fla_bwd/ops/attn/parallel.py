@@ -133,22 +133,24 @@ def _dq_rows(
     return b_dq, b_delta, b_off_pdp, b_off_p
 
 
-@triton.heuristics({n: _HEURISTICS[n] for n in ("USE_G", "IS_VARLEN")})
+@triton.heuristics(_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
-    q, k, v, o, do, dq, dgc_q, lse, delta, nonfinite, g_cumsum, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
+    q, k, v, o, do, dq, dgc_q, lse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens, chunk_indices,
+    scale, T, W, NTOK, B,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr, EXACT_DELTA: tl.constexpr,
-    DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr,
+    EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
 ):
     """dQ for one query tile of one query head, over the same key ranges as the forward, and delta for the dK/dV
     kernel (`host.add_dq` says which delta). By default it computes delta = rowsum(o * dO) of its rows and stores
     it (no separate preprocess launch: a launch costs more host time than this sum costs the GPU, PERF.md #14).
     With REFINE_DELTA it then replaces delta by rowsum(P * dP) for the kernels that run next (see the end of this
     kernel), and with gates it stores the query side of dgc (see `dkv_one_head`). With EXACT_DELTA it computes
-    rowsum(P * dP) in a first loop over the keys and uses that for dq too (`_dq_rows`). CONTAIN as in the forward
-    kernel."""
+    rowsum(P * dP) in a first loop over the keys and uses that for dq too (`_dq_rows`). With a sink it stores its
+    rows' share of dsink = -sum_i p_sink_i * delta_i into `dsink_partial` `[HQ, programs // HQ]` (summed in a fixed
+    order by the dK/dV kernel, `_sum_dsink`). CONTAIN as in the forward kernel."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     tl.static_assert(not (REFINE_DELTA and EXACT_DELTA), "one way of computing delta")
     if CONTAIN == FIXUP:
@@ -201,6 +203,10 @@ def parallel_attn_bwd_kernel_dq(
     # sink calls store rowsum(P * dP), the same quantity from fp32 terms, for the dK/dV kernel, which runs next and
     # computes the key side of dgc (and dK, dsink) from it.
     tl.store(delta + row_base + o_t, b_delta_out, mask=m_t)
+    if USE_SINK:
+        b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
+        tl.store(dsink_partial + tl.program_id(0) // HQ + i_hq.to(tl.int64) * (tl.num_programs(0) // HQ),
+                 -tl.sum(b_delta_out * tl.exp2(b_sink - b_lse), 0))
     if USE_G and (REFINE_DELTA or EXACT_DELTA):  # the host always picks one with gates
         # Query side of dgc_j: sum over keys i < j of P_ji * (dP_ji - delta_j), from the fp32 sums.
         tl.store(dgc_q + row_base + o_t, b_off_pdp - b_delta_out * b_off_p, mask=m_t)
@@ -233,96 +239,109 @@ def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr,
 
 @triton.jit
 def _dkv_heads(
-    q, do, lse, delta, g_cumsum, dgc_k, dsink_partial, sink_bias, b_k, b_v, i_hq0, i_slot, NUM_SLOTS, bos,
-    s0, T, W, NTOK, qk_scale,
+    q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, qk_scale,
     HQ: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-    BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, USE_SINK: tl.constexpr,
-    DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
+    BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
+    SAFE: tl.constexpr,
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
-    then `dkv_one_head`. i_slot indexes the tile's dsink partial among NUM_SLOTS."""
+    then `dkv_one_head`."""
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dv = tl.zeros([BT, BV], dtype=tl.float32)
     for i_g in range(NUM_HEADS):
         i_hq = i_hq0 + i_g
         row_base = i_hq.to(tl.int64) * NTOK + bos
-        g_base, dgk_base, dsink_ptr, b_gk, b_sink = g_cumsum, dgc_k, dsink_partial, 0.0, 0.0
+        g_base, dgk_base, b_gk = g_cumsum, dgc_k, 0.0
         if USE_G:
             g_base, dgk_base = g_cumsum + row_base, dgc_k + row_base
             o_s = s0 + tl.arange(0, BT)
             b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
-        if USE_SINK:
-            dsink_ptr = dsink_partial + i_hq.to(tl.int64) * NUM_SLOTS + i_slot
-            b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
         b_dk, b_dv = dkv_one_head(
             b_k, b_v, b_dk, b_dv, b_gk, q + (bos * HQ + i_hq) * K, do + (bos * HQ + i_hq) * V, lse + row_base,
-            delta + row_base, g_base, dgk_base, b_sink, dsink_ptr, s0, T, W, qk_scale, HQ * K, HQ * V,
-            K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, USE_SINK=USE_SINK, DOT_PREC=DOT_PREC, SAFE=SAFE)
+            delta + row_base, g_base, dgk_base, s0, T, W, qk_scale, HQ * K, HQ * V,
+            K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE)
     return b_dk, b_dv
 
 
 @triton.jit
+def _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ: tl.constexpr, BP: tl.constexpr):
+    """dsink[h] = the sum of the dQ kernel's partials `[HQ, NUM_PARTIALS]` of head h, in dsink's dtype, added in a
+    fixed order by one program: the same on every run, and no launch of its own (issue 19)."""
+    o_p = tl.arange(0, BP)
+    for i_hq in range(HQ):
+        p_part = dsink_partial + i_hq * NUM_PARTIALS  # HQ * programs: far below 2**31
+        b_acc = tl.zeros([BP], dtype=tl.float32)
+        for i_p in range(0, NUM_PARTIALS, BP):
+            b_acc += tl.load(p_part + i_p + o_p, mask=i_p + o_p < NUM_PARTIALS, other=0)
+        tl.store(dsink + i_hq, tl.sum(b_acc, 0).to(dsink.dtype.element_ty))
+
+
+@triton.jit
 def _dkv_tile(
-    q, k, v, do, dk, dv, dgc_k, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale, i_h, i_hq0, i_head,
-    i_slot, num_slots, bos, s0, o_s, m_s, T, W, NTOK,
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, scale, i_h, i_hq0, i_head, bos, s0, o_s, m_s, T, W,
+    NTOK,
     HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
 ):
     """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
-    i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the dsink partials
-    and the key side of dgc are plain stores, so a recomputed tile overwrites them)."""
+    i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the key side of dgc
+    is a plain store, so a recomputed tile overwrites it)."""
     b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H=H, K=K, V=V, BK=BK, BV=BV)
     b_dk, b_dv = _dkv_heads(
-        q, do, lse, delta, g_cumsum, dgc_k, dsink_partial, sink_bias, b_k, b_v, i_hq0, i_slot, num_slots, bos, s0, T, W,
-        NTOK, scale * LOG2E,
-        HQ=HQ, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, USE_SINK=USE_SINK,
-        DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP)
+        q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, scale * LOG2E,
+        HQ=HQ, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
+        SAFE=CONTAIN == FIXUP)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
         if CONTAIN == INLINE:
             if bad:
                 b_dk, b_dv = _dkv_heads(
-                    q, do, lse, delta, g_cumsum, dgc_k, dsink_partial, sink_bias, b_k, b_v, i_hq0, i_slot, num_slots,
-                    bos, s0, T, W, NTOK, scale * LOG2E,
-                    HQ=HQ, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, USE_SINK=USE_SINK,
+                    q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, scale * LOG2E,
+                    HQ=HQ, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
                     DOT_PREC=DOT_PREC, SAFE=True)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_head, o_s, m_s, NH=NH, K=K, V=V, BK=BK, BV=BV)
 
 
-@triton.heuristics(_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+# The dK/dV kernels take the dQ kernel's dsink partials instead of the sink itself.
+_DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
+                   "USE_SINK": lambda args: args["dsink"] is not None}
+
+
+@triton.heuristics(_DKV_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_query_head(
-    q, k, v, do, dk, dv, dgc_k, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices,
-    scale, T, W, NTOK, B,
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
+    scale, T, W, NTOK, B, NUM_PARTIALS,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     CONTAIN: tl.constexpr,
 ):
     """Query-head-owned dK/dV: one program per (key tile, query head). Writes `[B, T, HQ, *]` buffers (fp32 when G > 1;
-    the host then sums each group of G heads)."""
+    the host then sums each group of G heads). With a sink, program 0 also completes dsink (`_sum_dsink`)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_hq, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT,
-                                                             IS_VARLEN=IS_VARLEN)
+    i_hq, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale,
-        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, i_slot=i_slot, num_slots=num_slots, bos=bos, s0=s0, o_s=o_s, m_s=m_s,
-        T=T, W=W, NTOK=NTOK,
-        HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, USE_SINK=USE_SINK,
-        DOT_PREC=DOT_PREC, CONTAIN=CONTAIN)
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, scale,
+        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
+        HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
+        CONTAIN=CONTAIN)
+    if USE_SINK and CONTAIN != FIXUP:
+        if tl.program_id(0) == 0:
+            _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
 
 
-@triton.heuristics(_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+@triton.heuristics(_DKV_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_kv_head(
-    q, k, v, do, dk, dv, dgc_k, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices,
-    scale, T, W, NTOK, B,
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
+    scale, T, W, NTOK, B, NUM_PARTIALS,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -334,20 +353,23 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
 
     With SPLIT > 1 the group's heads are dealt to SPLIT programs of G / SPLIT heads each, which store fp32 partials
     into `[B, T, H * SPLIT, *]` for the host to sum: SPLIT times the programs, for calls too short to keep the GPU
-    busy with one program per KV head (the dispatch rule is `config.gqa_split`)."""
+    busy with one program per KV head (the dispatch rule is `config.gqa_split`). With a sink, program 0 also
+    completes dsink (`_sum_dsink`)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_part, i_slot, num_slots, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT,
-                                                               BT=BT, IS_VARLEN=IS_VARLEN)
+    i_part, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT, BT=BT,
+                                            IS_VARLEN=IS_VARLEN)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, dsink_partial, lse, delta, nonfinite, g_cumsum, sink_bias, scale,
-        i_h=i_part // SPLIT, i_hq0=i_part * (G // SPLIT), i_head=i_part, i_slot=i_slot, num_slots=num_slots, bos=bos,
-        s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
-        HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
-        USE_SINK=USE_SINK, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN)
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, scale,
+        i_h=i_part // SPLIT, i_hq0=i_part * (G // SPLIT), i_head=i_part, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W,
+        NTOK=NTOK, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
+        DOT_PREC=DOT_PREC, CONTAIN=CONTAIN)
+    if USE_SINK and CONTAIN != FIXUP:
+        if tl.program_id(0) == 0:
+            _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -478,6 +500,7 @@ def parallel_attn(
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.contiguous() if g is not None else None
+    sink_bias = sink_bias.contiguous() if sink_bias is not None else None  # the kernels cast it to fp32 on load
     # The kernels read cu_seqlens with unit stride.
     cu_seqlens = cu_seqlens.contiguous() if cu_seqlens is not None else None
     args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), window_size or 0)
