@@ -105,7 +105,7 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
                 DOT_PREC="ieee" if dtype == f32 else "tf32")
     gate, sk = (t(f32) if gated else None), (t(f32) if sink else None)
     base = dict(q=t(), k=t(), v=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=gate, cu_seqlens=None,
-                chunk_indices=None, scale=0.1, T=100, W=100, NTOK=100, B=1, **dims)
+                chunk_indices=None, scale=0.1, T=100, W=100, NTOK=100, B=1, Q0=None, **dims)
     dkv = dict(base, do=t(), dgc_k=gate, dsink_partial=sk, dsink=sk, delta=t(f32), NUM_PARTIALS=7)
     # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `host.add_contained`).
     plain = [

@@ -10,6 +10,7 @@ and its launches (issue 19). Tile configs and policies come from `config.py`.
 
 import contextlib
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -53,6 +54,7 @@ class Shape(NamedTuple):
     scale: float
     W: int  # the window clamped to T (`_window`)
     containment: str  # settings.forced_containment() at the call
+    Q0: int = 0  # tail queries (`tail_forward`): q holds positions [Q0, T) of the keys' sequence; 0: all of them
 
 
 class Call(NamedTuple):
@@ -166,19 +168,21 @@ def _common(plan: Plan, s: Shape, tiles: Optional[VarlenTiles], kernel: str):
     cfg = tile_config(kernel, max(s.K, s.V), s.dtype)
     BT = cfg["BT"]
     if tiles is None:
-        NT, chunks = cdiv(s.T, BT), None
+        # Query-tiled kernels (fwd, dq) cover the query positions [Q0, T), the dK/dV kernels every key.
+        NT, chunks = cdiv(s.T - (s.Q0 if kernel != "dkv" else 0), BT), None
     else:
         NT, chunks = tiles.num_tiles(BT), Ref(f"chunks{BT}")
         plan.tile_sizes.add(BT)
     args = dict(q=Ref("q"), k=Ref("k"), v=Ref("v"), cu_seqlens=Ref("cu_seqlens") if tiles is not None else None,
-                chunk_indices=chunks, scale=s.scale, T=s.T, W=s.W, NTOK=s.B * s.T, B=s.B,
+                chunk_indices=chunks, scale=s.scale, T=s.T, W=s.W, NTOK=s.B * s.T, B=s.B, Q0=s.Q0 or None,
                 **_dims_of(s.HQ, s.H, s.K, s.V, s.dtype), **cfg)
     return cfg, NT, args
 
 
 def add_fwd(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref]) -> None:
-    """o `[B, T, HQ, V]` (q's dtype) and the base-2 log-sum-exp lse `[HQ, B * T]` (fp32)."""
-    o = plan.empty("o", (s.B, s.T, s.HQ, s.V), s.dtype)
+    """o `[B, T - Q0, HQ, V]` (q's dtype) and the base-2 log-sum-exp lse `[HQ, B * T]` (fp32; with tail queries
+    only the query positions are written)."""
+    o = plan.empty("o", (s.B, s.T - s.Q0, s.HQ, s.V), s.dtype)
     lse = plan.empty("lse", (s.HQ, s.B * s.T), _F32)
     _, NT, args = _common(plan, s, tiles, "fwd")
     if NT > 0:
@@ -200,7 +204,7 @@ def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref],
     With a sink it also stores "dsink_partial" `[HQ, partials]` fp32 for the dK/dV kernel, which sums them into
     dsink. Returns the number of partials per head.
     """
-    dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
+    dq = plan.empty("dq", (s.B, s.T - s.Q0, s.HQ, s.K), s.dtype)
     delta = plan.empty("delta", (s.HQ, s.B * s.T), _F32)
     _, NT, args = _common(plan, s, tiles, "dq")
     mode = DELTA_MODES[delta_mode]
@@ -214,18 +218,21 @@ def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref],
     return NT * s.B
 
 
-def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, partials: int) -> None:
+def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, partials: int,
+            out_dtype: Optional[torch.dtype] = None) -> None:
     """dk, dv in the inputs' dtypes; "dgc_k" `[HQ, B * T]` fp32, minus the key side of the gradient w.r.t. the
     gate's cumsum (gates only; the dQ kernel stored the query side, `add_gate_grad` adds the two); "dsink" `[HQ]` in
     sink_bias's dtype (sinks only: the sum of the dQ kernel's `partials` per head). `kernel` (from
-    `dkv_kernel_for`) says which kernel computes them."""
+    `dkv_kernel_for`) says which kernel computes them. `out_dtype` (default the inputs' dtype): dk's and dv's dtype
+    (fp32 for partials that are summed further, `tail_backward`)."""
+    out_dtype = s.dtype if out_dtype is None else out_dtype
     if kernel.per_kv_head:
         launched, NH, extra = parallel_attn_bwd_kernel_dkv_per_kv_head, s.H * kernel.split, {"SPLIT": kernel.split}
     else:
         # One dK/dV per query head; with G > 1 they are summed in fp32 below.
         launched, NH, extra = parallel_attn_bwd_kernel_dkv_per_query_head, s.HQ, {}
     split = NH != s.H
-    acc_dtype = _F32 if split else s.dtype
+    acc_dtype = _F32 if split else out_dtype
     dk = plan.empty("dk_part" if split else "dk", (s.B, s.T, NH, s.K), acc_dtype)
     dv = plan.empty("dv_part" if split else "dv", (s.B, s.T, NH, s.V), acc_dtype)
     _, NT, args = _common(plan, s, tiles, "dkv")
@@ -241,7 +248,7 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
             args, do=Ref("do"), dk=dk, dv=dv, dgc_k=dgc_k, lse=Ref("lse"), delta=Ref("delta"), g_cumsum=gc,
             dsink_partial=Ref("dsink_partial") if sink else None, dsink=dsink, NUM_PARTIALS=partials, **extra))
     if split:
-        add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, s.dtype)
+        add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, out_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -322,3 +329,97 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
     env = _run(plan, dict(q=q, k=k, v=v, o=o, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
                           cu_seqlens=cu_seqlens), call.tiles)
     return env["dq"], env["dk"], env["dv"], env.get("dg"), env.get("dsink")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tail queries: the building block of context parallelism (`context_parallel.py`)
+# ----------------------------------------------------------------------------------------------------------------
+
+def tail_alignment(D: int, dtype: torch.dtype) -> int:
+    """What the query offset Q0 of a tail-query call must be a multiple of: every tile size (query tile, key tile,
+    inner block) that the three kernels use at head dim D and `dtype` here (128 on a GPU in 16 bits, 64 in fp32;
+    32 under the interpreter), so that no tile or block straddles Q0."""
+    sizes = [cfg[k] for name in ("fwd", "dq", "dkv") for cfg in (tile_config(name, D, dtype),) for k in ("BT", "BS")]
+    return math.lcm(*sizes)
+
+
+def _tail_shape(q, k, v, gc, sink_bias, scale: float, window_size: int, cu_seqlens) -> Shape:
+    """The `Shape` of a tail-query call (checked): q `[B, Tq, HQ, K]` holds the last Tq positions of the sequence of
+    k `[B, Tk, H, K]`, v `[B, Tk, H, V]`; gc `[HQ, B * Tk]` fp32 (base-2 units) or None."""
+    if cu_seqlens is not None:
+        raise ValueError("tail queries (a q shorter than k, at the end of the sequence) do not support packed "
+                         "sequences: cu_seqlens must be None")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"tail queries: q, k, v must be 4-D [B, T, heads, dim]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    B, Tq, HQ, K = q.shape
+    Tk = k.shape[1]
+    if k.shape[0] != B or v.shape[:3] != k.shape[:3] or k.shape[3] != K:
+        raise ValueError(f"tail queries: k {tuple(k.shape)} and v {tuple(v.shape)} do not match q {tuple(q.shape)}")
+    if not 0 < Tq <= Tk:
+        raise ValueError(f"tail queries: q's length {Tq} must be in [1, k's length {Tk}]")
+    align = tail_alignment(max(K, v.shape[3]), q.dtype)
+    if (Tk - Tq) % align:
+        raise ValueError(f"tail queries: the query offset Tk - Tq = {Tk - Tq} must be a multiple of {align} (every "
+                         f"tile size the kernels use for this head dim and dtype)")
+    if gc is not None and (gc.dtype != _F32 or tuple(gc.shape) != (HQ, B * Tk)):
+        raise ValueError(f"tail queries: gc must be fp32 [HQ, B * Tk] = {[HQ, B * Tk]}; got {gc.dtype} "
+                         f"{list(gc.shape)}")
+    # dsink comes back in fp32 (sink_dtype below): the context-parallel caller sums it over ranks before the cast.
+    return Shape(q.device, B, Tk, HQ, k.shape[2], K, v.shape[3], q.dtype, _F32 if gc is not None else None,
+                 _F32 if sink_bias is not None else None, scale, _window(window_size, Tk),
+                 settings.forced_containment(), Tk - Tq)
+
+
+def _tail_key(s: Shape, *tensors) -> tuple:
+    # The sink's own dtype too: the kernels read sink_bias in it, and the Shape says fp32 (dsink's dtype here).
+    return (s, tuple(aligned(x) for x in tensors), tensors[-1].dtype if tensors[-1] is not None else None)
+
+
+def _build_tail_forward(s: Shape) -> Plan:
+    plan = _new_plan(s)
+    add_fwd(plan, s, None, Ref("gc") if s.g_dtype is not None else None,
+            Ref("sink_bias") if s.sink_dtype is not None else None)
+    return _finish(plan)
+
+
+def tail_forward(q, k, v, gc, sink_bias, scale: float, window_size: int, cu_seqlens=None):
+    """Forward of tail queries: q `[B, Tq, HQ, K]` are the last Tq positions (Q0 = Tk - Tq on, a multiple of
+    `tail_alignment`) of the Tk-long sequence of k and v (bottom-right causal alignment, as FlashAttention for
+    seqlen_q < seqlen_k); dense only. gc: the gate's cumsum over the Tk positions, `[HQ, B * Tk]` fp32 in base-2
+    units (`cumsum.gate_cumsum` times log2 e), or None. `window_size` 0: full causal.
+    Returns (o `[B, Tq, HQ, V]`, lse `[HQ, B * Tk]`, written at the query positions only, for `tail_backward`)."""
+    s = _tail_shape(q, k, v, gc, sink_bias, scale, window_size, cu_seqlens)
+    plan = _plan(("tail_fwd", _tail_key(s, q, k, v, gc, sink_bias)), _build_tail_forward, s)
+    env = _run(plan, dict(q=q, k=k, v=v, gc=gc, sink_bias=sink_bias), None)
+    return env["o"], env["lse"]
+
+
+def _build_tail_backward(s: Shape, kernel: DkvKernel, dkv_dtype: Optional[torch.dtype]) -> Plan:
+    plan = _new_plan(s)
+    gc = Ref("gc") if s.g_dtype is not None else None
+    dgc_q = plan.empty("dgc_q", (s.HQ, s.B * s.T), _F32) if gc is not None else None
+    partials = add_dq(plan, s, None, gc, dgc_q, _delta_mode(s))
+    add_dkv(plan, s, None, gc, kernel, partials, dkv_dtype)
+    return _finish(plan)
+
+
+def tail_backward(do, q, k, v, o, lse, gc, sink_bias, scale: float, window_size: int, cu_seqlens=None,
+                  dkv_dtype: Optional[torch.dtype] = None):
+    """Backward of `tail_forward` (same q, k, v, gc, sink_bias, scale, window_size; its o and lse).
+    Returns (dq `[B, Tq, HQ, K]`; dk `[B, Tk, H, K]` and dv `[B, Tk, H, V]`, these queries' contributions only, in
+    the inputs' dtype or `dkv_dtype` (fp32 for partials that are summed further); dgc_q `[HQ, B, Tq]` and dgc_k
+    `[HQ, B, Tk]`, fp32, gates only, else None; dsink `[HQ]` fp32, sinks only). The gradient w.r.t. the gate's
+    cumsum (natural units) at position p is dgc_k[p] plus dgc_q[p] where p is a query (the two halves of
+    `inner.dkv_one_head`); the gate's gradient is its reverse cumsum."""
+    s = _tail_shape(q, k, v, gc, sink_bias, scale, window_size, cu_seqlens)
+    kernel = dkv_kernel_for(s.B, s.T, s.HQ, s.H, s.K, s.V, s.dtype, s.device, s.W, sequence_lengths(s.B, s.T, None),
+                            settings.forced_dkv_path())
+    plan = _plan(("tail_bwd", kernel, dkv_dtype, _tail_key(s, do, q, k, v, o, gc, sink_bias)), _build_tail_backward,
+                 s, kernel, dkv_dtype)
+    env = _run(plan, dict(q=q, k=k, v=v, o=o, do=do, lse=lse, gc=gc, sink_bias=sink_bias), None)
+    dgc_q = dgc_k = None
+    if gc is not None:
+        dgc_q = env["dgc_q"].view(s.HQ, s.B, s.T)[:, :, s.Q0:]
+        dgc_k = env["dgc_k"].view(s.HQ, s.B, s.T)
+    return env["dq"], env["dk"], env["dv"], dgc_q, dgc_k, env.get("dsink")

@@ -413,9 +413,9 @@ def dkv_block(
 @triton.jit
 def dkv_one_head(
     b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dgk_base, s0,
-    T, W, qk_scale, stride_q, stride_do,
+    T, W, Q0, qk_scale, stride_q, stride_do,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, TAIL_Q: tl.constexpr,
 ):
     """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
     gradient dgc w.r.t. the gate's cumsum for the tile's tokens.
@@ -427,6 +427,9 @@ def dkv_one_head(
     key side into its own buffer (`dgk_base`), and the reverse cumsum of dg adds the two (`gate_grad`): a plain store,
     so that a program that recomputes its tile (see `any_nonfinite`) overwrites what it wrote the first time.
     Not the closed form delta_j * p_sink_j of the full query-side sum: exact, but it keeps dS_jj (PERF.md #12).
+
+    TAIL_Q: only positions [Q0, T) are queries (Q0 a multiple of BS; `parallel._query_tile`): each range starts at
+    Q0 at the earliest, so the ranges stay consecutive BS-blocks (from max(s0, Q0)) and no row before Q0 is read.
     """
     o_s = s0 + tl.arange(0, BT)
     m_s = o_s < T
@@ -436,19 +439,22 @@ def dkv_one_head(
     # A partial last block (T not a multiple of BS) of the unmasked range goes to the masked one, whose mask it
     # passes whole: the unmasked loop then loads only full blocks, without per-row predicates (see `load_rows`).
     hi = tl.maximum(diag, tl.minimum(hi, T // BS * BS))
-    # The three ranges are consecutive BS-blocks from s0, so the one-ahead prefetch runs across them.
-    b_lse, b_delta, b_gq = query_rows(lse_base, delta_base, gq_base, s0, T, BS=BS, USE_G=USE_G)
-    for i_t in range(s0, diag, BS):
+    t_diag, t_full, t_mask = s0, diag, hi
+    if TAIL_Q:
+        t_diag, t_full, t_mask = tl.maximum(s0, Q0), tl.maximum(diag, Q0), tl.maximum(hi, Q0)
+    # The three ranges are consecutive BS-blocks from t_diag, so the one-ahead prefetch runs across them.
+    b_lse, b_delta, b_gq = query_rows(lse_base, delta_base, gq_base, t_diag, T, BS=BS, USE_G=USE_G)
+    for i_t in range(t_diag, diag, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
             o_s, i_t, T, W, qk_scale, stride_q, stride_do,
             K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
-    for i_t in range(diag, hi, BS):
+    for i_t in range(t_full, hi, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
             o_s, i_t, T, W, qk_scale, stride_q, stride_do,
             K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=True, DOT_PREC=DOT_PREC, SAFE=SAFE)
-    for i_t in range(hi, end, BS):
+    for i_t in range(t_mask, end, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
             o_s, i_t, T, W, qk_scale, stride_q, stride_do,

@@ -43,6 +43,9 @@ _HEURISTICS = {
     "USE_G": lambda args: args["g_cumsum"] is not None,
     "USE_SINK": lambda args: args["sink_bias"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    # Tail queries (`host.tail_forward`): q holds the last T - Q0 positions of the keys' sequence. Q0 None: every
+    # position is a query, and the kernels compile to exactly what they were before tail queries existed.
+    "TAIL_Q": lambda args: args["Q0"] is not None,
 }
 
 
@@ -50,14 +53,37 @@ _HEURISTICS = {
 # Kernels
 # ----------------------------------------------------------------------------------------------------------------
 
+@triton.jit
+def _query_tile(B, T, Q0, cu_seqlens, chunk_indices, HQ: tl.constexpr, G: tl.constexpr, BT: tl.constexpr,
+                IS_VARLEN: tl.constexpr, TAIL_Q: tl.constexpr):
+    """`query_tile`, plus the int64 row of q/o/dO/dq that holds position 0 of the sequence (`qbos`). With TAIL_Q the
+    programs cover the T - Q0 query positions [Q0, T) (Q0 a multiple of BT, dense only): positions stay those of
+    the keys (lse, delta, gc and dgc are indexed by them), and only q, o, dO and dq, which hold T - Q0 rows per
+    sequence, are addressed from a base Q0 rows back."""
+    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
+                                                 IS_VARLEN=IS_VARLEN)
+    qbos = bos
+    if TAIL_Q:
+        t0, o_t, qbos = t0 + Q0, o_t + Q0, _tail_row0(bos, T, Q0)
+        m_t = o_t < T
+    return i_hq, i_h, bos, T, t0, o_t, m_t, qbos
+
+
+@triton.jit
+def _tail_row0(bos, T, Q0):
+    """Tail queries, dense: the (virtual) row of q/o/dO/dq for position 0 of sequence bos // T, which holds its
+    T - Q0 query rows from row (bos // T) * (T - Q0) on."""
+    return bos - (bos // T + 1) * Q0.to(tl.int64)
+
+
 @triton.heuristics(_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_fwd_kernel(
-    q, k, v, o, lse, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B,
+    q, k, v, o, lse, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr,
+    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
 ):
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
     input is kept to the outputs that depend on it (see `host.add_contained`)."""
@@ -65,11 +91,11 @@ def parallel_attn_fwd_kernel(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
-                                                 IS_VARLEN=IS_VARLEN)
+    i_hq, i_h, bos, T, t0, o_t, m_t, qbos = _query_tile(B, T, Q0, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
+                                                        IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
-    q_base = q + (bos * HQ + i_hq) * K
+    q_base = q + (qbos * HQ + i_hq) * K
     k_base = k + (bos * H + i_h) * K
     v_base = v + (bos * H + i_h) * V
     g_base = g_cumsum
@@ -101,7 +127,7 @@ def parallel_attn_fwd_kernel(
         b_o = b_o * b_alpha[:, None]
         b_m = b_m_new
     b_o = b_o / b_l[:, None]
-    tl.store(o + (bos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :],
+    tl.store(o + (qbos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :],
              b_o.to(o.dtype.element_ty), mask=m_t[:, None] & (o_v[None, :] < V))
     tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
 
@@ -137,11 +163,11 @@ def _dq_rows(
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
     q, k, v, o, do, dq, dgc_q, lse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens, chunk_indices,
-    scale, T, W, NTOK, B,
+    scale, T, W, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr,
-    EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
+    EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
 ):
     """dQ for one query tile of one query head, over the same key ranges as the forward, and delta for the dK/dV
     kernel (`host.add_dq` says which delta). By default it computes delta = rowsum(o * dO) of its rows and stores
@@ -156,8 +182,8 @@ def parallel_attn_bwd_kernel_dq(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
-                                                 IS_VARLEN=IS_VARLEN)
+    i_hq, i_h, bos, T, t0, o_t, m_t, qbos = _query_tile(B, T, Q0, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
+                                                        IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     k_base = k + (bos * H + i_h) * K
@@ -166,11 +192,11 @@ def parallel_attn_bwd_kernel_dq(
     g_base = g_cumsum
     if USE_G:
         g_base = g_cumsum + row_base
-    p_q = (bos * HQ + i_hq) * K + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :]
+    p_q = (qbos * HQ + i_hq) * K + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :]
     m_q = m_t[:, None] & (o_k[None, :] < K)
     # [BT, BK]
     b_q = tl.load(q + p_q, mask=m_q, other=0)
-    p_o = (bos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :]
+    p_o = (qbos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :]
     m_o = m_t[:, None] & (o_v[None, :] < V)
     # [BT, BV]
     b_do = tl.load(do + p_o, mask=m_o, other=0)
@@ -239,13 +265,16 @@ def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr,
 
 @triton.jit
 def _dkv_heads(
-    q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, qk_scale,
+    q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, Q0, qk_scale,
     HQ: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
-    SAFE: tl.constexpr,
+    SAFE: tl.constexpr, TAIL_Q: tl.constexpr,
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
-    then `dkv_one_head`."""
+    then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`)."""
+    qbos = bos
+    if TAIL_Q:
+        qbos = _tail_row0(bos, T, Q0)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dv = tl.zeros([BT, BV], dtype=tl.float32)
     for i_g in range(NUM_HEADS):
@@ -257,9 +286,9 @@ def _dkv_heads(
             o_s = s0 + tl.arange(0, BT)
             b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
         b_dk, b_dv = dkv_one_head(
-            b_k, b_v, b_dk, b_dv, b_gk, q + (bos * HQ + i_hq) * K, do + (bos * HQ + i_hq) * V, lse + row_base,
-            delta + row_base, g_base, dgk_base, s0, T, W, qk_scale, HQ * K, HQ * V,
-            K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE)
+            b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
+            delta + row_base, g_base, dgk_base, s0, T, W, Q0, qk_scale, HQ * K, HQ * V,
+            K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q)
     return b_dk, b_dv
 
 
@@ -279,27 +308,27 @@ def _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ: tl.constexpr, BP: tl.cons
 @triton.jit
 def _dkv_tile(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, scale, i_h, i_hq0, i_head, bos, s0, o_s, m_s, T, W,
-    NTOK,
+    NTOK, Q0,
     HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
 ):
     """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
     i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the key side of dgc
     is a plain store, so a recomputed tile overwrites it)."""
     b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H=H, K=K, V=V, BK=BK, BV=BV)
     b_dk, b_dv = _dkv_heads(
-        q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, scale * LOG2E,
+        q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, Q0, scale * LOG2E,
         HQ=HQ, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
-        SAFE=CONTAIN == FIXUP)
+        SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
         if CONTAIN == INLINE:
             if bad:
                 b_dk, b_dv = _dkv_heads(
-                    q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, scale * LOG2E,
+                    q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, Q0, scale * LOG2E,
                     HQ=HQ, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
-                    DOT_PREC=DOT_PREC, SAFE=True)
+                    DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_head, o_s, m_s, NH=NH, K=K, V=V, BK=BK, BV=BV)
@@ -307,18 +336,18 @@ def _dkv_tile(
 
 # The dK/dV kernels take the dQ kernel's dsink partials instead of the sink itself.
 _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
-                   "USE_SINK": lambda args: args["dsink"] is not None}
+                   "TAIL_Q": _HEURISTICS["TAIL_Q"], "USE_SINK": lambda args: args["dsink"] is not None}
 
 
 @triton.heuristics(_DKV_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_query_head(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    scale, T, W, NTOK, B, NUM_PARTIALS,
+    scale, T, W, NTOK, B, NUM_PARTIALS, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr,
+    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
 ):
     """Query-head-owned dK/dV: one program per (key tile, query head). Writes `[B, T, HQ, *]` buffers (fp32 when G > 1;
     the host then sums each group of G heads). With a sink, program 0 also completes dsink (`_sum_dsink`)."""
@@ -329,9 +358,9 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
     i_hq, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, scale,
-        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
+        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK, Q0=Q0,
         HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
-        CONTAIN=CONTAIN)
+        CONTAIN=CONTAIN, TAIL_Q=TAIL_Q)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
@@ -341,11 +370,11 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_kv_head(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    scale, T, W, NTOK, B, NUM_PARTIALS,
+    scale, T, W, NTOK, B, NUM_PARTIALS, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr, SPLIT: tl.constexpr,
+    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr,
 ):
     """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
     loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
@@ -365,8 +394,8 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, scale,
         i_h=i_part // SPLIT, i_hq0=i_part * (G // SPLIT), i_head=i_part, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W,
-        NTOK=NTOK, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
-        DOT_PREC=DOT_PREC, CONTAIN=CONTAIN)
+        NTOK=NTOK, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV,
+        USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
