@@ -124,20 +124,27 @@ def _local_error(q, k, v, g, scale, window_size, sink_bias, cu_seqlens, layout, 
 def _check(q, k, v, g, scale, window_size, sink_bias, cu_seqlens, layout, group) -> Tuple[int, int]:
     """(rank, N) after every rank agreed that the inputs are valid and alike; else ValueError on every rank."""
     rank, N = _group_info(group)  # the same on every rank of a group, or not a collective's concern
-    error = _local_error(q, k, v, g, scale, window_size, sink_bias, cu_seqlens, layout, N)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
 
     def dims(x):
         return list(x.shape) + [0] * (4 - x.dim()) if x.dim() <= 4 else [-1] * 4
 
-    sc = float(scale) if isinstance(scale, (int, float)) else -1.0
-    scale_bits = int(torch.tensor(sc, dtype=torch.float64).view(torch.int64))
-    desc = [error is not None, N, hash(tuple(ranks)) % (1 << 61), LAYOUTS.index(layout) if layout in LAYOUTS else -1,
-            *dims(q), *dims(k), *dims(v), _DTYPES.get(q.dtype, 0), g is not None,
-            _DTYPES.get(g.dtype, 0) if g is not None else 0, sink_bias is not None,
-            _DTYPES.get(sink_bias.dtype, 0) if sink_bias is not None else 0,
-            -1 if window_size is None else int(window_size), scale_bits]
-    mine = torch.tensor(desc, dtype=torch.int64, device=q.device)
+    size, error = 23, None
+    try:  # nothing may raise before the exchange: the other ranks would wait in it forever
+        error = _local_error(q, k, v, g, scale, window_size, sink_bias, cu_seqlens, layout, N)
+        sc = float(scale) if isinstance(scale, (int, float)) else -1.0
+        scale_bits = int(torch.tensor(sc, dtype=torch.float64).view(torch.int64))
+        desc = [error is not None, N, hash(tuple(ranks)) % (1 << 61),
+                LAYOUTS.index(layout) if layout in LAYOUTS else -1, *dims(q), *dims(k), *dims(v),
+                _DTYPES.get(q.dtype, 0), g is not None, _DTYPES.get(g.dtype, 0) if g is not None else 0,
+                sink_bias is not None, _DTYPES.get(sink_bias.dtype, 0) if sink_bias is not None else 0,
+                -1 if window_size is None else int(window_size), scale_bits]
+        assert len(desc) == size
+    except Exception as e:  # noqa: BLE001 (any failure: the verdict is exchanged, then raised)
+        error = error or f"context_parallel_attn: invalid input: {e}"
+        desc = [1] + [0] * (size - 1)
+    device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+    mine = torch.tensor(desc, dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(N)]
     dist.all_gather(every, mine, group=group)
     every = torch.stack(every).cpu()
@@ -310,3 +317,38 @@ def context_parallel_attn(
     sink_bias = sink_bias.contiguous() if sink_bias is not None else None
     return _ContextParallelAttn.apply(q, k, v, g, sink_bias, resolve_scale(scale, q.shape[-1]), window_size or 0,
                                       group, layout, rank, N)
+
+
+def _demo() -> None:
+    """A two-process check on a CPU (or GPUs): `TRITON_INTERPRET=1 torchrun --nproc-per-node 2 -m
+    fla_bwd.ops.attn.context_parallel` (without TRITON_INTERPRET on GPUs, NCCL)."""
+    from fla_bwd.ops.attn.parallel import parallel_attn
+
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)  # the same full tensors on every rank; each keeps its shard
+    T = 4096 if cuda else 128
+    q = torch.randn(1, T, 4, 32, device=device)
+    k, v = torch.randn(1, T, 2, 32, device=device), torch.randn(1, T, 2, 32, device=device)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, 4, device=device))
+    do = torch.randn(1, T, 4, 32, device=device)
+    mine = [shard(x, "balanced").requires_grad_() for x in (q, k, v, g)]
+    o = context_parallel_attn(*mine, window_size=T // 3, layout="balanced")
+    o.backward(shard(do, "balanced"))
+    full = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    ref = parallel_attn(*full, window_size=T // 3)
+    ref.backward(do)
+    for name, a, b in [("o", o.detach(), ref.detach())] + [
+            ("d" + n, x.grad, y.grad) for n, x, y in zip("qkvg", mine, full)]:
+        diff = (unshard(a, "balanced") - b).abs().max().item()
+        if rank == 0:
+            print(f"{name}: max |context parallel - one process| = {diff:.2e}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _demo()
