@@ -8,10 +8,11 @@ Layouts (tokens on dim 1, every rank the same local length C; N ranks, rank r):
   every rank has the same causal work (a late chunk sees many keys, an early one few).
 `shard` / `unshard` convert a full tensor to a rank's piece and back.
 
-Forward: K, V (G times smaller than Q under GQA) and the gate are all-gathered; each local chunk of queries is one
-tail-query call against the keys up to its end (with a window, from the first tile the window reaches). The
-gate's cumsum is the scan of the gathered gate, so it continues across ranks exactly as in one process.
-Backward: K, V and the gate are gathered again (nothing gathered is kept between the two); each chunk's dK/dV and
+Forward: each local chunk of queries is one tail-query call against the keys up to its end (with a window, from
+the first tile the window reaches). K and V (G times smaller than Q under GQA) move, not Q: one all_to_all each
+sends a rank only the chunks its calls read (none after its last query; with a window, none before the window).
+The gate is all-gathered whole (HQ numbers a token), so its cumsum is the one-process scan, bit for bit.
+Backward: K, V and the gate are exchanged again (nothing is kept between the two); each chunk's dK/dV and
 key-side gate gradient are fp32 partials over the keys it saw, sent to the tokens' owners with one all-to-all and
 summed there in rank order; the gate gradient's reverse cumsum continues over the later chunks' totals
 (all-gathered, summed in chunk order); dsink is the sum of every rank's fp32 partial in rank order. Every sum
@@ -179,6 +180,52 @@ def _calls(rank: int, N: int, layout: str, C: int, W: int, align: int) -> list:
     return out
 
 
+def _owners(N: int, layout: str, u: int) -> dict:
+    """Global chunk -> (rank holding it, its first local row)."""
+    return {m: (r, i * u) for r in range(N) for i, m in enumerate(_chunks_of(r, N, layout))}
+
+
+def _needed(calls: list, u: int) -> list:
+    """The global chunks (of u tokens) that these calls' key ranges [K0, Tk) reach."""
+    return sorted({m for _, _, K0, _, Tk in calls for m in range(K0 // u, -(-Tk // u))})
+
+
+def _exchange(x: torch.Tensor, rank: int, N: int, layout: str, W: int, align: int, group) -> dict:
+    """The chunks of x (tokens on dim 1) that this rank's calls read, by global chunk, from one all_to_all: each
+    rank sends only what another's key ranges reach (causality: no key after a rank's last query; a window: none
+    before its first tile)."""
+    x = x.contiguous()
+    B, C = x.shape[:2]
+    u = C if layout == "contiguous" else C // 2
+    owner = _owners(N, layout, u)
+    needs = [_needed(_calls(r, N, layout, C, W, align), u) for r in range(N)]
+    pieces, send_sizes = [], []
+    for r in range(N):
+        mine = [m for m in needs[r] if owner[m][0] == rank]
+        pieces += [x[:, owner[m][1]:owner[m][1] + u].reshape(-1) for m in mine]
+        send_sizes.append(len(mine))
+    numel = B * u * x[0, 0].numel()
+    recv_sizes = [sum(owner[m][0] == j for m in needs[rank]) for j in range(N)]
+    send = torch.cat(pieces) if pieces else x.new_empty(0)
+    recv = x.new_empty(sum(recv_sizes) * numel)
+    dist.all_to_all_single(recv, send, [n * numel for n in recv_sizes], [n * numel for n in send_sizes],
+                           group=group)
+    out, offset = {}, 0
+    for j in range(N):  # rank j's pieces arrive in increasing chunk order
+        for m in needs[rank]:
+            if owner[m][0] == j:
+                out[m] = recv[offset:offset + numel].view(B, u, *x.shape[2:])
+                offset += numel
+    return out
+
+
+def _keys(chunks: dict, u: int, K0: int, Tk: int) -> torch.Tensor:
+    """Tokens [K0, Tk) from the exchanged chunks, contiguous."""
+    first = K0 // u
+    x = torch.cat([chunks[m] for m in range(first, -(-Tk // u))], dim=1)
+    return x[:, K0 - first * u:Tk - first * u].contiguous()
+
+
 def _gc_slice(gc: Optional[torch.Tensor], B: int, T: int, K0: int, Tk: int) -> Optional[torch.Tensor]:
     if gc is None:
         return None
@@ -190,13 +237,15 @@ class _ContextParallelAttn(torch.autograd.Function):
     def forward(ctx, q, k, v, g, sink_bias, scale, W, group, layout, rank, N):
         B, C = q.shape[:2]
         calls = _calls(rank, N, layout, C, W, host.tail_alignment(max(q.shape[3], v.shape[3]), q.dtype))
-        kf, vf = _gather(k, rank, N, layout, group), _gather(v, rank, N, layout, group)
-        T = kf.shape[1]
+        align = host.tail_alignment(max(q.shape[3], v.shape[3]), q.dtype)
+        u, T = calls[0][1], C * N
+        kc, vc = (_exchange(x, rank, N, layout, W, align, group) for x in (k, v))
+        # The gate is all-gathered whole (HQ numbers a token): its scan is then the one-process scan, bit for bit.
         gc = gate_cumsum(_gather(g, rank, N, layout, group), None) if g is not None else None
         os, lses = [], []
         for l0, l1, K0, _, Tk in calls:
-            o, lse = host.tail_forward(q[:, l0:l1].contiguous(), kf[:, K0:Tk].contiguous(),
-                                       vf[:, K0:Tk].contiguous(), _gc_slice(gc, B, T, K0, Tk), sink_bias, scale, W)
+            o, lse = host.tail_forward(q[:, l0:l1].contiguous(), _keys(kc, u, K0, Tk), _keys(vc, u, K0, Tk),
+                                       _gc_slice(gc, B, T, K0, Tk), sink_bias, scale, W)
             os.append(o)
             lses.append(lse)
         o = torch.cat(os, dim=1) if len(os) > 1 else os[0]
@@ -211,14 +260,11 @@ class _ContextParallelAttn(torch.autograd.Function):
         do = do.contiguous()
         B, C, HQ, K = q.shape
         H, V = k.shape[2], v.shape[3]
-        kf, vf = _gather(k, rank, N, layout, group), _gather(v, rank, N, layout, group)
-        T = kf.shape[1]
+        align = host.tail_alignment(max(K, V), q.dtype)
+        u, T = calls[0][1], C * N
+        kc, vc = (_exchange(x, rank, N, layout, W, align, group) for x in (k, v))
         gc = gate_cumsum(_gather(g, rank, N, layout, group), None) if g is not None else None
-        u = C if layout == "contiguous" else C // 2
-        owner = {}  # global chunk -> (rank, local offset)
-        for r in range(N):
-            for i, m in enumerate(_chunks_of(r, N, layout)):
-                owner[m] = (r, i * u)
+        owner = _owners(N, layout, u)
         # Per owner: fp32 partials of dk, dv and (gates) the key side of dgc, for its C tokens, packed on the last
         # dim.
         F = H * K + H * V + (HQ if g is not None else 0)
@@ -226,8 +272,8 @@ class _ContextParallelAttn(torch.autograd.Function):
         dqs, dgc_q, dsink = [], [], None
         for (l0, l1, K0, _, Tk), lse in zip(calls, lses):
             dq, dk, dv, dgcq, dgck, ds = host.tail_backward(
-                do[:, l0:l1].contiguous(), q[:, l0:l1].contiguous(), kf[:, K0:Tk].contiguous(),
-                vf[:, K0:Tk].contiguous(), o[:, l0:l1].contiguous(), lse, _gc_slice(gc, B, T, K0, Tk), sink_bias,
+                do[:, l0:l1].contiguous(), q[:, l0:l1].contiguous(), _keys(kc, u, K0, Tk),
+                _keys(vc, u, K0, Tk), o[:, l0:l1].contiguous(), lse, _gc_slice(gc, B, T, K0, Tk), sink_bias,
                 scale, W, dkv_dtype=torch.float32)
             dqs.append(dq)
             parts = [dk.reshape(B, Tk - K0, H * K), dv.reshape(B, Tk - K0, H * V)]
