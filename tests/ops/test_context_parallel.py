@@ -191,3 +191,29 @@ def test_context_parallel_matches_one_process(N, T, kinds, tmp_path):
         assert "different" in errors[3] or "rejected" in errors[3], errors[3]
         assert ("rejected" in errors[4]) if r != N - 1 else ("dtype" in errors[4] or "v" in errors[4]), errors[4]
         assert "layout" in errors[5]
+
+
+def test_chunk_plan():
+    """Which keys each local chunk reads, and which chunks a rank receives (`_calls`, `_needed`)."""
+    from fla_bwd.ops.attn.context_parallel import _calls, _needed
+
+    # Contiguous, 4 ranks of 64: rank 2's queries [128, 192) read keys [0, 192), chunks 0-2 (none after).
+    assert _calls(2, 4, "contiguous", 64, 0, 32) == [(0, 64, 0, 128, 192)]
+    assert _needed(_calls(2, 4, "contiguous", 64, 0, 32), 64) == [0, 1, 2]
+    # A window of 40: rank 3's queries [192, 256) read keys from (192 - 39) rounded down to 32 = 128 on.
+    assert _calls(3, 4, "contiguous", 64, 40, 32) == [(0, 64, 128, 192, 256)]
+    assert _needed(_calls(3, 4, "contiguous", 64, 40, 32), 64) == [2, 3]
+    # Balanced, 2 ranks of 64 (chunks of 32): rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+    assert _calls(0, 2, "balanced", 64, 0, 32) == [(0, 32, 0, 0, 32), (32, 64, 0, 96, 128)]
+    assert _calls(0, 2, "balanced", 64, 40, 32)[1] == (32, 64, 32, 96, 128)
+    assert _needed(_calls(1, 2, "balanced", 64, 40, 32), 32) == [0, 1, 2]
+
+
+def test_needs_torch_distributed():
+    from fla_bwd.ops.attn import context_parallel_attn, shard
+
+    x = torch.randn(1, 64, 2, 32)
+    with pytest.raises(ValueError, match="torch.distributed"):
+        context_parallel_attn(x, x, x)
+    with pytest.raises(ValueError, match="torch.distributed"):
+        shard(x)
