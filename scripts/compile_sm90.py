@@ -8,6 +8,9 @@ config spill" without spending device time.
     python scripts/compile_sm90.py --dkv BT=128,BS=64,num_warps=8
     python scripts/compile_sm90.py --dims 128 --plain --loops   # + per-loop instructions and spills (SASS)
 
+`--sass-hash` adds a hash of each kernel's whole SASS: a change that must not alter the generated code (a new
+constexpr variant, a refactor) is checked by comparing the hashes before and after it.
+
 `--loops` lists, for every loop of the SASS that holds matrix products (HGMMA), its instruction count and its
 local-memory stores/loads (STL/LDL: spill traffic). The stack size is a maximum over the whole kernel; the loops
 say where the spills are, e.g. whether the unmasked bulk loop spills at all.
@@ -15,6 +18,7 @@ say where the spills are, e.g. whether the unmasked bulk loop spills at all.
 
 import argparse
 import concurrent.futures
+import hashlib
 import multiprocessing
 import os
 import re
@@ -127,14 +131,16 @@ def parse_override(text):
 
 def compile_one(task: tuple) -> tuple:
     """(report lines, over-the-limit message or None) of one kernel; a task is (D, dtype name, variant, index of the
-    kernel in `kernels`, overrides per launcher key, loops). Top-level, so worker processes can run it."""
-    D, dtype_name, variant, index, overrides, loops = task
+    kernel in `kernels`, overrides per launcher key, loops, SASS hash). Top-level, so worker processes can run it."""
+    D, dtype_name, variant, index, overrides, loops, sass_hash = task
     dtype = getattr(torch, dtype_name)
     name, kernel, launch, key = kernels(D, dtype, *_FLAGS[variant])[index]
     cfg = dict(tile_config(key, D, dtype), **parse_override(overrides[key]))
     nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
     c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
     lines = [f"D={D:3d} {name:26s} {cfg} warps={nw} stages={ns}: {resource_report(c)}"]
+    if sass_hash:
+        lines[0] += f"  sass {hashlib.sha256(cuobjdump(c, '-sass').encode()).hexdigest()[:16]}"
     if loops:
         lines += loop_report(c)
     too_big = f"{name} D={D} {dtype_name}: {c.metadata.shared} B" if c.metadata.shared > HOPPER_SMEM_PER_BLOCK else None
@@ -150,6 +156,7 @@ def main():
     ap.add_argument("--plain", action="store_true", help="no gate and no sink (default: both)")
     ap.add_argument("--gate-only", action="store_true", help="a gate and no sink")
     ap.add_argument("--loops", action="store_true", help="also list each matrix-product loop's size and spills")
+    ap.add_argument("--sass-hash", action="store_true", help="also print a hash of each kernel's whole SASS")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--check-smem", action="store_true",
                     help=f"exit 1 if a kernel needs more than {HOPPER_SMEM_PER_BLOCK} B of shared memory per block")
@@ -163,7 +170,7 @@ def main():
     if args.plain and args.gate_only:
         raise SystemExit("--plain and --gate-only exclude each other")
     variant = "plain" if args.plain else "gate" if args.gate_only else "gate+sink"
-    tasks = [(D, args.dtype, variant, i, overrides, args.loops)
+    tasks = [(D, args.dtype, variant, i, overrides, args.loops, args.sass_hash)
              for D in map(int, args.dims.split(","))
              for i in range(len(kernels(D, getattr(torch, args.dtype), *_FLAGS[variant])))]
     too_big = []
