@@ -3,7 +3,8 @@
 #
 # The GPU test run for a device call, from the repository root: every test file spread over every visible GPU (one
 # pytest -n WORKERS group per GPU, files dealt out by their measured cost), then the multi-GPU tests when there are two.
-# test_kernel_resources.py is left out: it compiles for sm_90 on the CPU and runs in CI.
+# test_kernel_resources.py is left out: it compiles for sm_90 on the CPU and runs in CI; so is test_context_parallel.py
+# (gloo processes under the interpreter, which the H200 image's numpy breaks; its GPU run is issue 20's NCCL part).
 #     bash scripts/gpu_tests.sh [LIMIT_S]      # default 280 s per group; logs in $OUT (or ./gpu_tests_out)
 # Prints each group's summary line and failures. An H200 x2 machine ran the two groups of this split in 151 and 251 s
 # (8 workers each).
@@ -23,7 +24,7 @@ NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 HEAVY=(tests/ops/test_attn_gqa.py tests/ops/test_attn.py tests/ops/test_attn_sink.py tests/ops/test_forgetting_attn.py
        tests/ops/test_attn_nan.py)
 mapfile -t REST < <(find tests/ops tests/ops/utils tests -maxdepth 1 -name 'test_*.py' | sort \
-                    | grep -vE 'test_kernel_resources|test_attn_multigpu' \
+                    | grep -vE 'test_kernel_resources|test_attn_multigpu|test_context_parallel' \
                     | grep -vxF -f <(printf '%s\n' "${HEAVY[@]}"))
 FILES=("${HEAVY[@]}" "${REST[@]}")
 declare -a GROUP
