@@ -82,7 +82,7 @@ def test_tail_equals_full(case, path):
         o, grads = _full(q, k, v, g, s, W, do)
         ot, dq, dk, dv, dg, dsink = _tail(q, k, v, g, s, W, do, Q0)
     # The same tiles and arithmetic: bitwise under the interpreter and for 16-bit inputs on a GPU. fp32 gated calls
-    # on an H200 differed from the full call (4 of 18 fp32 cases, all gated; magnitude not recorded): the tail
+    # on an H200 differed from the full call (all 4 fp32 gated cases; magnitude not recorded): the tail
     # variant is another compiled kernel, and ptxas may contract the fp32 score arithmetic (dot * scale + gate
     # difference) into FMAs differently there; those are held to the oracle rule below instead (issue 20's notes).
     if DEVICE == "cpu" or dtype != torch.float32 or not gate:
