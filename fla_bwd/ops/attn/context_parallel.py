@@ -236,8 +236,8 @@ class _ContextParallelAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, sink_bias, scale, W, group, layout, rank, N):
         B, C = q.shape[:2]
-        calls = _calls(rank, N, layout, C, W, host.tail_alignment(max(q.shape[3], v.shape[3]), q.dtype))
         align = host.tail_alignment(max(q.shape[3], v.shape[3]), q.dtype)
+        calls = _calls(rank, N, layout, C, W, align)
         u, T = calls[0][1], C * N
         kc, vc = (_exchange(x, rank, N, layout, W, align, group) for x in (k, v))
         # The gate is all-gathered whole (HQ numbers a token): its scan is then the one-process scan, bit for bit.

@@ -323,9 +323,10 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
     if call is None:
         call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     kernel = dkv_kernel(call)
-    containment = settings.forced_containment()
-    plan = _plan((call.key, kernel, aligned(do), containment), _build_backward,
-                 call.shape._replace(containment=containment), call.tiles, kernel)
+    # The setting is read again here (it may change between a forward and its backward); the plan's Shape keeps the
+    # forward's, which only keys plans: `contain_inline` reads the setting when the plan is built.
+    plan = _plan((call.key, kernel, aligned(do), settings.forced_containment()), _build_backward, call.shape,
+                 call.tiles, kernel)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
                           cu_seqlens=cu_seqlens), call.tiles)
     return env["dq"], env["dk"], env["dv"], env.get("dg"), env.get("dsink")
