@@ -6,8 +6,10 @@
 | FLA_BWD_DKV_PATH | `DKV_PATHS` | at each backward (`forced_dkv_path`); `dkv_path(...)` overrides it for a block |
 | FLA_BWD_CONTAINMENT | `CONTAINMENTS` | at each kernel launch (`forced_containment`) |
 | FLA_BWD_FAST_LAUNCH | 0 or 1 | once, at import (`fast_launch`); `set_fast_launch(...)` changes it |
+| FLA_BWD_DQ_PATH | `DQ_PATHS` | at each backward (`forced_dq_path`); `dq_path(...)` overrides it for a block |
+| FLA_BWD_DS_BUDGET_MIB | a number >= 0 | at each backward (`ds_budget_bytes`): the five-product backward's scratch |
 
-The first two are read per call so that tests and A/B runs can set them between calls. Values are the strings
+The per-backward ones are read per call so that tests and A/B runs can set them between calls. Values are the strings
 users type; the code that acts on them turns them into data at once (`parallel.DkvKernel`, `host.Containment`).
 """
 
@@ -18,8 +20,15 @@ from typing import Optional
 # "legacy" is the old name of "per-query-head", still accepted.
 DKV_PATHS = ("auto", "gqa", "gqa-split2", "gqa-split4", "per-query-head", "legacy")
 CONTAINMENTS = ("auto", "inline", "two-launch")
+# How dq is computed: "recompute" (the seven-product backward: the dQ kernel recomputes S and dP), "from-ds" (the
+# five-product backward: from the dS tiles the dK/dV kernel stores, `fla_bwd.ops.attn.from_ds`).
+DQ_PATHS = ("auto", "recompute", "from-ds")
+# The five-product backward's dS scratch: at most this many MiB per backward (chunks of query heads beyond it; the
+# seven-product backward when one head of every KV head does not fit). README, "Memory".
+DEFAULT_DS_BUDGET_MIB = 1024
 
 _dkv_override: Optional[str] = None
+_dq_override: Optional[str] = None
 _fast_launch = os.environ.get("FLA_BWD_FAST_LAUNCH", "1") != "0"
 
 
@@ -43,6 +52,43 @@ def forced_dkv_path() -> str:
     if forced not in DKV_PATHS:
         raise ValueError(f"FLA_BWD_DKV_PATH must be one of {DKV_PATHS}, got {forced!r}")
     return forced
+
+
+@contextlib.contextmanager
+def dq_path(name: str):
+    """Force how dq is computed inside a `with` block: one of `DQ_PATHS` ("auto" is the dispatch, see
+    `fla_bwd.ops.attn.from_ds.five_product_chunk`). Overrides FLA_BWD_DQ_PATH. Read at backward time."""
+    global _dq_override
+    if name not in DQ_PATHS:
+        raise ValueError(f"dq_path must be one of {DQ_PATHS}, got {name!r}")
+    previous, _dq_override = _dq_override, name
+    try:
+        yield
+    finally:
+        _dq_override = previous
+
+
+def forced_dq_path() -> str:
+    """The dq path forced by `dq_path(...)` or FLA_BWD_DQ_PATH, "auto" if none."""
+    forced = _dq_override or os.environ.get("FLA_BWD_DQ_PATH", "auto")
+    if forced not in DQ_PATHS:
+        raise ValueError(f"FLA_BWD_DQ_PATH must be one of {DQ_PATHS}, got {forced!r}")
+    return forced
+
+
+def ds_budget_bytes() -> int:
+    """The five-product backward's dS scratch budget in bytes: FLA_BWD_DS_BUDGET_MIB (default
+    `DEFAULT_DS_BUDGET_MIB`) MiB."""
+    text = os.environ.get("FLA_BWD_DS_BUDGET_MIB")
+    if text is None:
+        return DEFAULT_DS_BUDGET_MIB << 20
+    try:
+        mib = float(text)
+    except ValueError:
+        mib = -1.0
+    if not mib >= 0:
+        raise ValueError(f"FLA_BWD_DS_BUDGET_MIB must be a number of MiB >= 0, got {text!r}")
+    return int(mib * 2**20)
 
 
 def forced_containment() -> str:

@@ -101,8 +101,10 @@ def loop_report(compiled) -> list:
     return out
 
 
-def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
-    """(name, kernel, launch args, launcher config key) at head dim D, G = 8."""
+def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
+    """(name, kernel, launch args, launcher config key) at head dim D, G = 8; `five`: the five-product backward's
+    kernels instead."""
+    no_ds = dict(ds=None, dk_in=None, dv_in=None, NTILE=None, G0=None, CHUNK=None, ACC_OUT=False)
     t = lambda dt=dtype: torch.empty(1, dtype=dt)
     f32 = torch.float32
     dims = dict(HQ=32, H=4, G=8, K=D, V=D, BK=max(16, triton.next_power_of_2(D)), BV=max(16, triton.next_power_of_2(D)),
@@ -119,10 +121,27 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True):
               REFINE_DELTA=gated and not sink, EXACT_DELTA=sink), "dq"),
         ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
         # SPLIT = 1; the split paths run the same loop over fewer heads, with the same tiles and shared memory.
-        ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t(), SPLIT=1), "dkv"),
+        ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t(), SPLIT=1, **no_ds),
+         "dkv"),
     ]
+    if five:  # the five-product backward (dense, no gate, no sink): a middle chunk's dK/dV launch
+        plain = [("dkv_store_ds", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
+                  dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), SPLIT=1,
+                       ds=t(), dk_in=t(f32), dv_in=t(f32), NTILE=1000, G0=2, CHUNK=2, ACC_OUT=True), "dkv")]
     return [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
-            for name, kernel, launch, key in plain for mode in (0, 1, 2)]
+            for name, kernel, launch, key in plain for mode in (0, 1, 2)] + (_five_extra(D, dtype, t) if five else [])
+
+
+def _five_extra(D: int, dtype, t):
+    """The five-product backward's own kernels (no CONTAIN modes)."""
+    import fla_bwd.ops.attn.from_ds as F
+    cfg = tile_config("dkv", D, dtype)
+    bk = max(16, triton.next_power_of_2(D))
+    return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds,
+             dict(k=t(), ds=t(), dq=t(), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D,
+                  BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8), "dkv"),
+            ("delta", F.delta_kernel, dict(o=t(), do=t(), delta=t(torch.float32), R=1000, NTOK=100, HQ=32, V=D,
+                                           BR=4096 // bk, BV=bk), "dkv")]
 
 
 def parse_override(text):
@@ -147,7 +166,9 @@ def compile_one(task: tuple) -> tuple:
     return lines, too_big
 
 
-_FLAGS = {"plain": (False, False), "gate": (True, False), "gate+sink": (True, True)}  # (gated, sink)
+# (gated, sink, five-product kernels)
+_FLAGS = {"plain": (False, False, False), "gate": (True, False, False), "gate+sink": (True, True, False),
+          "five": (False, False, True)}
 
 
 def main():
@@ -155,6 +176,7 @@ def main():
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--plain", action="store_true", help="no gate and no sink (default: both)")
     ap.add_argument("--gate-only", action="store_true", help="a gate and no sink")
+    ap.add_argument("--five", action="store_true", help="the five-product backward's kernels (from_ds.py)")
     ap.add_argument("--loops", action="store_true", help="also list each matrix-product loop's size and spills")
     ap.add_argument("--sass-hash", action="store_true", help="also print a hash of each kernel's whole SASS")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -169,7 +191,7 @@ def main():
     overrides = {k: getattr(args, k) for k in ("fwd", "dq", "dkv")}
     if args.plain and args.gate_only:
         raise SystemExit("--plain and --gate-only exclude each other")
-    variant = "plain" if args.plain else "gate" if args.gate_only else "gate+sink"
+    variant = "five" if args.five else "plain" if args.plain else "gate" if args.gate_only else "gate+sink"
     tasks = [(D, args.dtype, variant, i, overrides, args.loops, args.sass_hash)
              for D in map(int, args.dims.split(","))
              for i in range(len(kernels(D, getattr(torch, args.dtype), *_FLAGS[variant])))]

@@ -17,6 +17,7 @@ import torch
 
 from fla_bwd import settings
 from fla_bwd.ops.attn.config import DELTA_MODES, INLINE_CONTAINMENT_WORK, tile_config
+from fla_bwd.ops.attn.from_ds import add_five_product_backward, five_product_chunk
 from fla_bwd.ops.attn.inner import FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.parallel import (
     DkvKernel,
@@ -236,6 +237,8 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
     dk = plan.empty("dk_part" if split else "dk", (s.B, s.T, NH, s.K), acc_dtype)
     dv = plan.empty("dv_part" if split else "dv", (s.B, s.T, NH, s.V), acc_dtype)
     _, NT, args = _common(plan, s, tiles, "dkv")
+    if kernel.per_kv_head:
+        extra.update(ds=None, dk_in=None, dv_in=None, NTILE=None, G0=None, CHUNK=None, ACC_OUT=False)
     sink = s.sink_dtype is not None
     dsink = None
     if sink:
@@ -249,6 +252,19 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
             dsink_partial=Ref("dsink_partial") if sink else None, dsink=dsink, NUM_PARTIALS=partials, **extra))
     if split:
         add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, out_dtype)
+
+
+def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[list], **five) -> None:
+    """One chunk's dK/dV launch of the five-product backward (`from_ds.add_five_product_backward`): the
+    KV-head-owned kernel with the dS store; `out` its fp32 sum buffers, or None for the last chunk ("dk", "dv" in
+    the inputs' dtype)."""
+    dk, dv = out if out is not None else (plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype),
+                                          plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype))
+    _, NT, args = _common(plan, s, None, "dkv")
+    if NT > 0:
+        add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, NT * s.B * s.H, dict(
+            args, do=Ref("do"), dk=dk, dv=dv, dgc_k=None, lse=Ref("lse"), delta=Ref("delta"), g_cumsum=None,
+            dsink_partial=None, dsink=None, NUM_PARTIALS=0, SPLIT=1, **five))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -295,8 +311,11 @@ def _delta_mode(s: Shape) -> str:
     return "exact" if s.sink_dtype is not None else "refine" if s.g_dtype is not None else "rounded"
 
 
-def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: DkvKernel) -> Plan:
+def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: DkvKernel, chunk: Optional[int]) -> Plan:
     plan = _new_plan(s)
+    if chunk is not None:
+        add_five_product_backward(plan, s, chunk, add_dkv_chunk)
+        return _finish(plan)
     gc = Ref("gc") if s.g_dtype is not None else None
     # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its key
     # side, and the reverse cumsum adds them.
@@ -323,10 +342,11 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
     if call is None:
         call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     kernel = dkv_kernel(call)
+    chunk = five_product_chunk(call.shape, call.tiles is None)
     # The setting is read again here (it may change between a forward and its backward); the plan's Shape keeps the
     # forward's, which only keys plans: `contain_inline` reads the setting when the plan is built.
-    plan = _plan((call.key, kernel, aligned(do), settings.forced_containment()), _build_backward, call.shape,
-                 call.tiles, kernel)
+    plan = _plan((call.key, kernel, chunk, aligned(do), settings.forced_containment()), _build_backward, call.shape,
+                 call.tiles, kernel, chunk)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
                           cu_seqlens=cu_seqlens), call.tiles)
     return env["dq"], env["dk"], env["dv"], env.get("dg"), env.get("dsink")

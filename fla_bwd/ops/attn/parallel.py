@@ -265,18 +265,24 @@ def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr,
 
 @triton.jit
 def _dkv_heads(
-    q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, Q0, qk_scale,
-    HQ: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, b_k, b_v, i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s, T, W,
+    NTOK, NTILE, Q0, qk_scale,
+    HQ: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
-    SAFE: tl.constexpr, TAIL_Q: tl.constexpr,
+    SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
-    then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`)."""
+    then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`). STORE_DS: head
+    i_hq0 + i stores its dS tiles into band ds_slot0 + i of `ds` (NTILE tiles a band, `from_ds.py`). ACC_IN: start
+    from the fp32 sums in dk_in, dv_in (the heads of earlier chunks) instead of zeros."""
     qbos = bos
     if TAIL_Q:
         qbos = _tail_row0(bos, T, Q0)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    if ACC_IN:
+        b_dk, b_dv = _load_kv_tile(dk_in, dv_in, bos, i_head, o_s, m_s, H=NH, K=K, V=V, BK=BK, BV=BV)
+    else:
+        b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dv = tl.zeros([BT, BV], dtype=tl.float32)
     for i_g in range(NUM_HEADS):
         i_hq = i_hq0 + i_g
         row_base = i_hq.to(tl.int64) * NTOK + bos
@@ -285,10 +291,14 @@ def _dkv_heads(
             g_base, dgk_base = g_cumsum + row_base, dgc_k + row_base
             o_s = s0 + tl.arange(0, BT)
             b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
+        ds_base = ds
+        if STORE_DS:
+            ds_base = ds + (ds_slot0 + i_g).to(tl.int64) * NTILE * (BT * BS)
         b_dk, b_dv = dkv_one_head(
             b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
-            delta + row_base, g_base, dgk_base, s0, T, W, Q0, qk_scale, HQ * K, HQ * V,
-            K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q)
+            delta + row_base, g_base, dgk_base, ds_base, s0, T, W, Q0, qk_scale, HQ * K, HQ * V,
+            K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q,
+            STORE_DS=STORE_DS)
     return b_dk, b_dv
 
 
@@ -307,36 +317,45 @@ def _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ: tl.constexpr, BP: tl.cons
 
 @triton.jit
 def _dkv_tile(
-    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, scale, i_h, i_hq0, i_head, bos, s0, o_s, m_s, T, W,
-    NTOK, Q0,
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale, i_h, i_hq0, i_head,
+    ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0,
     HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
+    STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr,
 ):
     """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
     i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the key side of dgc
-    is a plain store, so a recomputed tile overwrites it)."""
+    and the dS tiles are plain stores, so a recomputed tile overwrites them). STORE_DS, ACC_IN: see `_dkv_heads`;
+    ACC_OUT: store the fp32 sums unscaled, for the next chunk of heads to continue."""
     b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H=H, K=K, V=V, BK=BK, BV=BV)
     b_dk, b_dv = _dkv_heads(
-        q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, Q0, scale * LOG2E,
-        HQ=HQ, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
-        SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q)
+        q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, b_k, b_v, i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s,
+        T, W, NTOK, NTILE, Q0, scale * LOG2E,
+        HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
+        SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
         if CONTAIN == INLINE:
             if bad:
                 b_dk, b_dv = _dkv_heads(
-                    q, do, lse, delta, g_cumsum, dgc_k, b_k, b_v, i_hq0, bos, s0, T, W, NTOK, Q0, scale * LOG2E,
-                    HQ=HQ, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
-                    DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q)
+                    q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, b_k, b_v, i_hq0, i_head, ds_slot0, bos, s0,
+                    o_s, m_s, T, W, NTOK, NTILE, Q0, scale * LOG2E,
+                    HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
+                    DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
-    _store_dkv_tile(dk, dv, b_dk * scale, b_dv, bos, i_head, o_s, m_s, NH=NH, K=K, V=V, BK=BK, BV=BV)
+    if not ACC_OUT:
+        b_dk *= scale
+    _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH=NH, K=K, V=V, BK=BK, BV=BV)
 
 
 # The dK/dV kernels take the dQ kernel's dsink partials instead of the sink itself.
 _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
                    "TAIL_Q": _HEURISTICS["TAIL_Q"], "USE_SINK": lambda args: args["dsink"] is not None}
+# The KV-head-owned kernel also serves the five-product backward (`from_ds.py`): dS stores, chunks of heads.
+_DKV_KV_HEURISTICS = dict(_DKV_HEURISTICS, STORE_DS=lambda args: args["ds"] is not None,
+                          ACC_IN=lambda args: args["dk_in"] is not None)
 
 
 @triton.heuristics(_DKV_HEURISTICS)
@@ -357,24 +376,25 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
             return
     i_hq, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, scale,
-        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK, Q0=Q0,
-        HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
-        CONTAIN=CONTAIN, TAIL_Q=TAIL_Q)
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, scale,
+        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
+        NTILE=0, Q0=Q0, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
+        DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q, STORE_DS=False, ACC_IN=False, ACC_OUT=False)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
 
 
-@triton.heuristics(_DKV_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
+@triton.heuristics(_DKV_KV_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dkv_per_kv_head(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    scale, T, W, NTOK, B, NUM_PARTIALS, Q0,
+    ds, dk_in, dv_in, scale, T, W, NTOK, B, NUM_PARTIALS, Q0, NTILE, G0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr,
+    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
+    ACC_OUT: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
     loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
@@ -383,19 +403,31 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     With SPLIT > 1 the group's heads are dealt to SPLIT programs of G / SPLIT heads each, which store fp32 partials
     into `[B, T, H * SPLIT, *]` for the host to sum: SPLIT times the programs, for calls too short to keep the GPU
     busy with one program per KV head (the dispatch rule is `config.gqa_split`). With a sink, program 0 also
-    completes dsink (`_sum_dsink`)."""
+    completes dsink (`_sum_dsink`).
+
+    The five-product backward (`from_ds.py`; dense, SPLIT 1, no gate or sink) launches it once per chunk of CHUNK
+    query heads of every group, heads [G0, G0 + CHUNK): each program also stores its dS tiles (STORE_DS), starts
+    from the earlier chunks' fp32 sums (ACC_IN) and, but for the last chunk, stores fp32 sums unscaled (ACC_OUT)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
+    tl.static_assert(not STORE_DS or (SPLIT == 1 and not (USE_G or USE_SINK or IS_VARLEN or TAIL_Q)),
+                     "the five-product backward is dense, ungated and sinkless")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
     i_part, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT, BT=BT,
                                             IS_VARLEN=IS_VARLEN)
+    i_hq0 = i_part * (G // SPLIT)
+    ds_slot0 = 0
+    if STORE_DS:
+        i_hq0 += G0
+        ds_slot0 = (bos // T * H + i_part) * CHUNK  # band of the chunk's first head: (batch, KV head, head in chunk)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, scale,
-        i_h=i_part // SPLIT, i_hq0=i_part * (G // SPLIT), i_head=i_part, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W,
-        NTOK=NTOK, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV,
-        USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q)
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale,
+        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
+        W=W, NTOK=NTOK, NTILE=NTILE, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=CHUNK if STORE_DS else G // SPLIT,
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q,
+        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)

@@ -1,0 +1,147 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""A/B of the seven- and five-product backwards (issue 18) on the GPU: backward alone (CUDA events, L2 flushed,
+interleaved rounds, medians), per-kernel times, oracle error and bitwise checks, and peak memory.
+
+    python -m benchmarks.tools.five_ab --rows g8-T8192,gqa4-long --json out.json
+
+Candidates: "seven" (FLA_BWD_DQ_PATH=recompute), "five" (from-ds at the default dS budget) and "five-1chunk"
+(from-ds with a budget large enough for one chunk). Import-time experiment switches (FLA_BWD_EXP_*) are set by the
+caller per process.
+"""
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+
+from benchmarks.ops.registry import SHAPES as _SHAPES
+from benchmarks.ops.shapes import Shape
+from benchmarks.ops.timing import Timer, interleaved
+from benchmarks.tools.tune_attn import kernel_times, ratio
+from fla_bwd import settings
+from fla_bwd.ops.attn import naive_parallel_attn, parallel_attn
+
+# The registry's rows, and the dense G8 T16384 of issue 18's memory bar.
+SHAPES = dict({s.name: s for s in _SHAPES}, **{"g8-T16384": Shape("g8-T16384", 1, 16384, 32, 4, 128, 128)})
+CANDIDATES = {"seven": ("recompute", None), "five": ("from-ds", None), "five-1chunk": ("from-ds", "65536")}
+
+
+class _Env:
+    """dq path and budget for a block."""
+
+    def __init__(self, cand):
+        self.path, self.budget = CANDIDATES[cand]
+
+    def __enter__(self):
+        self.ctx = settings.dq_path(self.path)
+        self.ctx.__enter__()
+        self.old = os.environ.pop("FLA_BWD_DS_BUDGET_MIB", None)
+        if self.budget is not None:
+            os.environ["FLA_BWD_DS_BUDGET_MIB"] = self.budget
+
+    def __exit__(self, *exc):
+        os.environ.pop("FLA_BWD_DS_BUDGET_MIB", None)
+        if self.old is not None:
+            os.environ["FLA_BWD_DS_BUDGET_MIB"] = self.old
+        self.ctx.__exit__(*exc)
+
+
+def _inputs(B, T, HQ, H, D, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    return mk(B, T, HQ, D), mk(B, T, H, D), mk(B, T, H, D), torch.randn(B, T, HQ, D, device="cuda", dtype=dtype,
+                                                                        generator=g)
+
+
+def run_row(name, cands, rounds, iters, timer):
+    s = SHAPES[name]
+    B, T, HQ, H, D, W = s.B, s.T, s.HQ, s.H, s.K, s.W
+    dtype = torch.float16 if s.dtype == "fp16" else torch.bfloat16
+    q, k, v, do = _inputs(B, T, HQ, H, D, dtype, 0)
+    out = {"row": name}
+    fns = {}
+    for c in cands:
+        with _Env(c):
+            o = parallel_attn(q, k, v, window_size=W)
+
+        def bwd(c=c, o=o):
+            with _Env(c):
+                return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+        for _ in range(3):
+            bwd()
+        fns[c] = bwd
+    torch.cuda.synchronize()
+    samples = interleaved(timer, fns, rounds, iters)
+    out["bwd_us"] = {c: round(statistics.median([statistics.median(r) for r in samples[c]]), 1) for c in cands}
+    out["kernels"] = {c: kernel_times(fns[c]) for c in cands}
+    # Bitwise: a second call equal to the first (determinism), and the chunked and one-chunk five-product equal.
+    grads = {c: fns[c]() for c in cands}
+    out["deterministic"] = {c: all(torch.equal(a, b) for a, b in zip(grads[c], fns[c]())) for c in cands}
+    if "five" in grads and "five-1chunk" in grads:
+        out["chunked_equal_one_chunk"] = all(torch.equal(a, b) for a, b in zip(grads["five"], grads["five-1chunk"]))
+    if "five" in grads and "seven" in grads:
+        out["dk_dv_equal_seven"] = all(torch.equal(a, b) for a, b in zip(grads["five"][1:], grads["seven"][1:]))
+    # Oracle error on the first 1024 tokens.
+    Tc = min(T, 1024)
+    q, k, v, do = _inputs(B, Tc, HQ, H, D, dtype, 1)
+    ref = naive_parallel_attn(q, k, v, window_size=W)
+    rgrads = torch.autograd.grad(ref, (q, k, v), do.float())
+    out["oracle"] = {}
+    for c in cands:
+        with _Env(c):
+            o = parallel_attn(q, k, v, window_size=W)
+            g = torch.autograd.grad(o, (q, k, v), do)
+        out["oracle"][c] = {n: f"{ratio(r, x):.2e}" for n, r, x in zip(("dq", "dk", "dv"), rgrads, g)}
+    return out
+
+
+def peak_memory(name, cand):
+    """Peak allocated over the inputs during a forward + backward (MiB)."""
+    s = SHAPES[name]
+    q, k, v, do = _inputs(s.B, s.T, s.HQ, s.H, s.K, torch.bfloat16, 2)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with _Env(cand) if cand else _Noop():
+        o = parallel_attn(q, k, v, window_size=s.W)
+        torch.autograd.grad(o, (q, k, v), do)
+    torch.cuda.synchronize()
+    return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+
+
+class _Noop:
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", default="gqa4-long,mha-long,g8-T4096,g8-T8192")
+    ap.add_argument("--cands", default="seven,five,five-1chunk")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--memory", default="", help="rows whose default-settings peak memory to report")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    timer = Timer(torch.device("cuda"))
+    cands = args.cands.split(",")
+    res = {"exp": {k: v for k, v in os.environ.items() if k.startswith("FLA_BWD_EXP")}, "rows": []}
+    for name in filter(None, args.rows.split(",")):
+        r = run_row(name, cands, args.rounds, args.iters, timer)
+        print(json.dumps(r), flush=True)
+        res["rows"].append(r)
+    res["memory_MiB"] = {name: {"auto": peak_memory(name, None), "seven": peak_memory(name, "seven")}
+                         for name in filter(None, args.memory.split(","))}
+    print(json.dumps(res["memory_MiB"]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

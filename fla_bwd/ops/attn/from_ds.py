@@ -1,0 +1,223 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""The five-product backward (issue 18): dQ from the dS tiles that the dK/dV kernel already forms.
+
+The seven-product backward runs a dQ kernel that recomputes S = Q K^T and dP = dO V^T for every visible pair (two
+products) before its dq += dS K. Here the KV-head-owned dK/dV kernel stores each dS tile it consumes (16-bit, the
+exact values its dK product reads), and a dQ kernel reads them back: dq_i = scale * sum_j dS_ij K_j, one product a
+tile, summed in a fixed order (deterministic, no atomics). In order:
+
+1. `delta_kernel`: delta = rowsum(o * dO) (fp32), which the dK/dV kernel needs before it runs;
+2. per chunk of query heads (`ds_chunk`): the dK/dV kernel with STORE_DS over those heads of every group,
+   carrying fp32 dK/dV sums from chunk to chunk (bitwise the sums of one launch: the same additions in the same
+   order), then `parallel_attn_bwd_kernel_dq_from_ds` for the chunk's dq rows.
+
+Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk) a band of NTILE tiles; tile
+(query block qi of BQ rows, key tile kj of BT keys) for every key tile that qi sees, in query-block order and then
+key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/dV kernel holds it). With a window
+only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT.
+
+Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no gate, no sink. Everything else, and calls
+whose smallest chunk exceeds the scratch budget (`settings.ds_budget_bytes`), runs the seven-product backward.
+"""
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from fla_bwd import settings
+from fla_bwd.ops.attn.config import tile_config
+from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows
+from fla_bwd.ops.utils.launch import Ref
+from fla_bwd.utils import cdiv, next_power_of_2
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Layout
+# ----------------------------------------------------------------------------------------------------------------
+
+def _floor_sum(n: int, R: int) -> int:
+    m = n // R
+    return R * m * (m - 1) // 2 + (n % R) * m
+
+
+def ds_first_tile(qi: int, W: int, BQ: int, BT: int) -> int:
+    """The host twin of `inner.ds_tile_index(qi, 0, ...)`: the index of query block qi's tiles in its band, minus
+    the first key tile qi sees, so that tile kj of qi is at `ds_first_tile(qi) + kj`."""
+    shifted = max(qi - cdiv(W - 1, BQ), 0)
+    return qi + _floor_sum(qi, BT // BQ) - _floor_sum(shifted, BT // BQ) - max(qi * BQ + 1 - W, 0) // BT
+
+
+def ds_layout(T: int, W: int, BQ: int, BT: int) -> int:
+    """NTILE: the tiles of one band, i.e. (query block, key tile) pairs that share a visible (query, key) pair for a
+    sequence of T tokens and window W (W >= T: causal). Query block qi sees key tiles lo(qi)..hi(qi) with
+    lo = max(qi * BQ - W + 1, 0) // BT and hi = qi // (BT // BQ)."""
+    nqb = cdiv(T, BQ)
+    return ds_first_tile(nqb, W, BQ, BT) + max(nqb * BQ + 1 - W, 0) // BT if nqb else 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------------------
+
+# EXPERIMENT (issue 18 A/B, read once at import): accumulate dq^T = K^T dS^T (dS^T as the B operand, as stored).
+DQ_T = tl.constexpr(__import__("os").environ.get("FLA_BWD_EXP_DQT", "0") == "1")
+
+
+@triton.jit(do_not_specialize=["R", "NTOK"])
+def delta_kernel(o, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
+    """delta `[HQ, NTOK]` (fp32) = rowsum(o * dO) over the R = NTOK * HQ rows of o, dO `[NTOK, HQ, V]`."""
+    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    o_v = tl.arange(0, BV)
+    m = (o_r < R)[:, None] & (o_v < V)[None, :]
+    p = o_r.to(tl.int64)[:, None] * V + o_v[None, :]
+    # [BR, BV]
+    b_o = tl.load(o + p, mask=m, other=0).to(tl.float32)
+    b_do = tl.load(do + p, mask=m, other=0).to(tl.float32)
+    o_tok, o_hq = o_r // HQ, o_r % HQ
+    tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok, tl.sum(b_o * b_do, 1), mask=o_r < R)
+
+
+@triton.jit
+def _dq_ds_block(b_dq, ds_base, k_base, i_tile, i_s, T, stride_k, K: tl.constexpr, BT: tl.constexpr,
+                 BQ: tl.constexpr, BK: tl.constexpr, MASK: tl.constexpr):
+    """dq += dS K for key tile [i_s, i_s + BT), from its stored [BT, BQ] dS^T tile i_tile. MASK: a tile some rows
+    of the block do not see whole (diagonal, window edge, sequence end): there the stored dS is 0 where a row
+    cannot see a key, and a non-finite K row would make 0 * Inf = NaN, so bad K rows are zeroed (the rows that
+    see them already hold NaN in dS, see `inner.finite_rows`)."""
+    o_r = tl.arange(0, BT)
+    o_c = tl.arange(0, BQ)
+    # [BT, BQ]
+    b_dst = tl.load(ds_base + i_tile * (BT * BQ) + o_r[:, None] * BQ + o_c[None, :])
+    # [BT, BK]
+    b_k = load_rows(k_base, i_s + o_r, T, stride_k, N=K, BN=BK, FULL=not MASK)
+    if MASK:
+        b_k, _ = finite_rows(b_k)
+    if DQ_T:
+        b_dq += tl.dot(tl.trans(b_k), b_dst)
+    else:
+        b_dq += tl.dot(tl.trans(b_dst), b_k)
+    return b_dq
+
+
+@triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
+def parallel_attn_bwd_kernel_dq_from_ds(
+    k, ds, dq, scale, T, W, NTILE, G0,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
+    BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_BANDS: tl.constexpr,
+):
+    """dq of one query block (BQ rows) of one query head of the chunk [G0, G0 + CHUNK) of every group, from its
+    stored dS tiles (NUM_BANDS = B * H * CHUNK bands of NTILE tiles). The key tiles go in three ranges as in the
+    other kernels: window edge (masked), fully visible, the diagonal tile (masked)."""
+    i_band = tl.program_id(0) % NUM_BANDS
+    i_q = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
+    i_b, i_h, i_c = i_band // (H * CHUNK), i_band // CHUNK % H, i_band % CHUNK
+    i_hq = i_h * G + G0 + i_c
+    bos = i_b.to(tl.int64) * T
+    t0 = i_q * BQ
+    lo = tl.maximum(t0 - W + 1, 0) // BT
+    hi = t0 // BT  # the diagonal tile
+    mid = tl.maximum(lo, tl.minimum(tl.cdiv(tl.maximum(t0 + BQ - W, 0), BT), hi))
+    ds_base = ds + i_band.to(tl.int64) * NTILE * (BT * BQ)
+    k_base = k + (bos * H + i_h) * K
+    i_tile = ds_tile_index(i_q, lo, W, BQ=BQ, BT=BT)
+    # [BQ, BK]
+    if DQ_T:
+        b_dq = tl.zeros([BK, BQ], dtype=tl.float32)
+    else:
+        b_dq = tl.zeros([BQ, BK], dtype=tl.float32)
+    for i_j in range(lo, mid):
+        b_dq = _dq_ds_block(b_dq, ds_base, k_base, i_tile + (i_j - lo), i_j * BT, T, H * K, K=K, BT=BT, BQ=BQ, BK=BK,
+                            MASK=True)
+    for i_j in range(mid, hi):
+        b_dq = _dq_ds_block(b_dq, ds_base, k_base, i_tile + (i_j - lo), i_j * BT, T, H * K, K=K, BT=BT, BQ=BQ, BK=BK,
+                            MASK=False)
+    b_dq = _dq_ds_block(b_dq, ds_base, k_base, i_tile + (hi - lo), hi * BT, T, H * K, K=K, BT=BT, BQ=BQ, BK=BK,
+                        MASK=True)
+    if DQ_T:
+        b_dq = tl.trans(b_dq)
+    o_t = t0 + tl.arange(0, BQ)
+    o_k = tl.arange(0, BK)
+    tl.store(dq + (bos * HQ + i_hq) * K + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :],
+             (b_dq * scale).to(dq.dtype.element_ty), mask=(o_t < T)[:, None] & (o_k < K)[None, :])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dispatch and plan
+# ----------------------------------------------------------------------------------------------------------------
+
+def eligible(s) -> bool:
+    """Whether the five-product backward can run a call of `host.Shape` s (dense is the caller's to check)."""
+    return (s.dtype in (torch.float16, torch.bfloat16) and max(s.K, s.V) <= 128 and s.g_dtype is None
+            and s.sink_dtype is None and s.Q0 == 0)
+
+
+@functools.lru_cache(maxsize=256)
+def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int) -> Optional[int]:
+    """Query heads of each group per chunk: the largest divisor of G whose dS tiles (B * H * chunk bands) fit in
+    `budget` bytes, or None if one head of every group does not fit (then the seven-product backward runs)."""
+    cfg = tile_config("dkv", D)
+    band = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BS"] * cfg["BT"] * 2
+    for chunk in range(G, 0, -1):
+        if G % chunk == 0 and B * H * chunk * band <= budget:
+            return chunk
+    return None
+
+
+def five_product_chunk(s, dense: bool) -> Optional[int]:
+    """The chunk of a backward of Shape s, or None for the seven-product backward. Settings are read now: a forced
+    dK/dV path other than "gqa" (the kernel this backward uses) means seven products; `settings.forced_dq_path`
+    "from-ds" raises ValueError for a call this backward cannot run or whose budget is too small."""
+    forced = settings.forced_dq_path()
+    if forced == "recompute" or settings.forced_dkv_path() not in ("auto", "gqa"):
+        return None
+    if not (dense and eligible(s)):
+        if forced == "from-ds":
+            raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
+                             "16-bit q, k, v, head dims up to 128, no gate and no sink")
+        return None
+    budget = settings.ds_budget_bytes()
+    chunk = ds_chunk(s.B, s.T, s.H, s.HQ // s.H, s.W, max(s.K, s.V), budget)
+    if chunk is None and forced == "from-ds":
+        raise ValueError(f"dq path 'from-ds': one query head of every KV head needs more dS scratch than "
+                         f"FLA_BWD_DS_BUDGET_MIB = {budget / 2**20:g} MiB allows")
+    return chunk
+
+
+def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
+    """Add delta, then per chunk the dK/dV launch (`add_dkv_launch(plan, s, out, **launch args)`, host.py's, which adds the
+    buffers and containment) and the dQ-from-dS launch, to `plan`. Buffers: "dq", "delta", "ds" (the chunk's
+    tiles, reused by every chunk), and two fp32 dK/dV sum buffers when there are several chunks (ping-pong: a
+    FIXUP launch re-reads the sums its FLAG launch started from)."""
+    G = s.HQ // s.H
+    cfg = tile_config("dkv", max(s.K, s.V), s.dtype)
+    BT, BQ = cfg["BT"], cfg["BS"]
+    NTOK = s.B * s.T
+    dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
+    delta = plan.empty("delta", (s.HQ, NTOK), torch.float32)
+    R = NTOK * s.HQ
+    BV = next_power_of_2(s.V)
+    BR = max(1, 4096 // BV)
+    if R:
+        plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), do=Ref("do"), delta=delta, R=R, NTOK=NTOK,
+                    HQ=s.HQ, V=s.V, BR=BR, BV=BV)
+    ntile = ds_layout(s.T, s.W, BQ, BT)
+    bands = s.B * s.H * chunk
+    ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
+    chunks = G // chunk
+    sums = [plan.empty(f"dkv_sum{i}_{n}", (s.B, s.T, s.H, d), torch.float32)
+            for i in range(min(chunks - 1, 2)) for n, d in (("k", s.K), ("v", s.V))]
+    for c in range(chunks):
+        first, last = c == 0, c == chunks - 1
+        acc_in = None if first else sums[2 * ((c - 1) % 2):2 * ((c - 1) % 2) + 2]
+        acc_out = None if last else sums[2 * (c % 2):2 * (c % 2) + 2]
+        add_dkv_launch(plan, s, ds=ds, NTILE=ntile, G0=c * chunk, CHUNK=chunk,
+                       dk_in=acc_in[0] if acc_in else None, dv_in=acc_in[1] if acc_in else None,
+                       out=acc_out, ACC_OUT=not last)
+        if s.T:
+            plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, BQ) * bands,), k=Ref("k"), ds=ds,
+                        dq=dq, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=c * chunk, HQ=s.HQ, H=s.H, G=G,
+                        CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)), NUM_BANDS=bands,
+                        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
