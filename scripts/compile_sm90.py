@@ -31,7 +31,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import fla_bwd.ops.attn.parallel as P
-from fla_bwd.ops.attn.config import tile_config
+from fla_bwd.ops.attn.config import DQ_FROM_DS_LAUNCH, tile_config
 
 HOPPER_SMEM_PER_BLOCK = 232448  # 227 KB: cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int8: "i8"}
@@ -155,6 +155,8 @@ def compile_one(task: tuple) -> tuple:
     dtype = getattr(torch, dtype_name)
     name, kernel, launch, key = kernels(D, dtype, *_FLAGS[variant])[index]
     cfg = dict(tile_config(key, D, dtype), **parse_override(overrides[key]))
+    if name == "dq_from_ds":  # the dK/dV kernel's tiles, its own warps and stages
+        cfg.update(DQ_FROM_DS_LAUNCH)
     nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
     c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
     lines = [f"D={D:3d} {name:26s} {cfg} warps={nw} stages={ns}: {resource_report(c)}"]

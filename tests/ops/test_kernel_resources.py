@@ -92,3 +92,13 @@ def test_kernels_fit_hopper_shared_memory(dtype):
     assert rc == 0, out[-4000:]
     # 4 kernels x 3 CONTAIN modes (see `host.add_contained`) x 3 head dims, each reported
     assert out.count("smem") == 36, out
+
+
+def test_five_product_kernels_fit_hopper_shared_memory():
+    """The five-product backward's kernels (scripts/compile_sm90.py --five: the dK/dV kernel with its dS store in
+    3 CONTAIN modes, dQ-from-dS, delta) at the head dims it runs (16-bit, D <= 128)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    rc, lines = run_watched([sys.executable, SCRIPT, "--five", "--dims", "64,128", "--check-smem", "--jobs", "2"], env)
+    out = "\n".join(lines)
+    assert rc == 0, out[-4000:]
+    assert out.count("smem") == 10, out

@@ -42,6 +42,9 @@ TILE_CONFIGS = {
         "dkv": _tiles(32, 32, 4, 2),  # same limit (#9)
     },
 }
+# The dQ-from-dS kernel (`from_ds.py`; its tiles are the dK/dV kernel's): a memory-bound loop, deeper pipelined
+# (8 warps, 3 stages: 621 against 798 us at 4, 2 on g8-T8192, PERF.md #42).
+DQ_FROM_DS_LAUNCH = dict(num_warps=8, num_stages=3)
 # Under the CPU interpreter small tiles make the tests' short sequences cross every range of the loops.
 INTERPRETER_CONFIG = _tiles(32, 16, 4, 1)
 

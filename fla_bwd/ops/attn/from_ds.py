@@ -16,8 +16,9 @@ Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk
 key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/dV kernel holds it). With a window
 only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT.
 
-Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no gate, no sink. Everything else, and calls
-whose smallest chunk exceeds the scratch budget (`settings.ds_budget_bytes`), runs the seven-product backward.
+Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no gate, no sink; opt-in (`five_product_chunk`:
+as built it is slower than the seven-product backward on the long GQA rows, PERF.md #42). The dS store goes through a
+device-side tensor descriptor (a bulk copy from shared memory): per-element pointer stores cost more (#42).
 """
 
 import functools
@@ -28,11 +29,10 @@ import triton
 import triton.language as tl
 
 from fla_bwd import settings
-from fla_bwd.ops.attn.config import tile_config
+from fla_bwd.ops.attn.config import DQ_FROM_DS_LAUNCH, tile_config
 from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows
 from fla_bwd.ops.utils.launch import Ref
 from fla_bwd.utils import cdiv, next_power_of_2
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Layout
@@ -61,9 +61,6 @@ def ds_layout(T: int, W: int, BQ: int, BT: int) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------------------------------
-
-# EXPERIMENT (issue 18 A/B, read once at import): accumulate dq^T = K^T dS^T (dS^T as the B operand, as stored).
-DQ_T = tl.constexpr(__import__("os").environ.get("FLA_BWD_EXP_DQT", "0") == "1")
 
 
 @triton.jit(do_not_specialize=["R", "NTOK"])
@@ -95,11 +92,7 @@ def _dq_ds_block(b_dq, ds_base, k_base, i_tile, i_s, T, stride_k, K: tl.constexp
     b_k = load_rows(k_base, i_s + o_r, T, stride_k, N=K, BN=BK, FULL=not MASK)
     if MASK:
         b_k, _ = finite_rows(b_k)
-    if DQ_T:
-        b_dq += tl.dot(tl.trans(b_k), b_dst)
-    else:
-        b_dq += tl.dot(tl.trans(b_dst), b_k)
-    return b_dq
+    return b_dq + tl.dot(tl.trans(b_dst), b_k)
 
 
 @triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
@@ -124,10 +117,7 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     k_base = k + (bos * H + i_h) * K
     i_tile = ds_tile_index(i_q, lo, W, BQ=BQ, BT=BT)
     # [BQ, BK]
-    if DQ_T:
-        b_dq = tl.zeros([BK, BQ], dtype=tl.float32)
-    else:
-        b_dq = tl.zeros([BQ, BK], dtype=tl.float32)
+    b_dq = tl.zeros([BQ, BK], dtype=tl.float32)
     for i_j in range(lo, mid):
         b_dq = _dq_ds_block(b_dq, ds_base, k_base, i_tile + (i_j - lo), i_j * BT, T, H * K, K=K, BT=BT, BQ=BQ, BK=BK,
                             MASK=True)
@@ -136,8 +126,6 @@ def parallel_attn_bwd_kernel_dq_from_ds(
                             MASK=False)
     b_dq = _dq_ds_block(b_dq, ds_base, k_base, i_tile + (hi - lo), hi * BT, T, H * K, K=K, BT=BT, BQ=BQ, BK=BK,
                         MASK=True)
-    if DQ_T:
-        b_dq = tl.trans(b_dq)
     o_t = t0 + tl.arange(0, BQ)
     o_k = tl.arange(0, BK)
     tl.store(dq + (bos * HQ + i_hq) * K + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :],
@@ -160,35 +148,38 @@ def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int) -> Opt
     `budget` bytes, or None if one head of every group does not fit (then the seven-product backward runs)."""
     cfg = tile_config("dkv", D)
     band = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BS"] * cfg["BT"] * 2
+    rows = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"]  # a band's rows in the dK/dV kernel's descriptor view
     for chunk in range(G, 0, -1):
-        if G % chunk == 0 and B * H * chunk * band <= budget:
+        if G % chunk == 0 and B * H * chunk * band <= budget and B * H * chunk * rows < 2**31:
             return chunk
     return None
 
 
 def five_product_chunk(s, dense: bool) -> Optional[int]:
-    """The chunk of a backward of Shape s, or None for the seven-product backward. Settings are read now: a forced
-    dK/dV path other than "gqa" (the kernel this backward uses) means seven products; `settings.forced_dq_path`
-    "from-ds" raises ValueError for a call this backward cannot run or whose budget is too small."""
-    forced = settings.forced_dq_path()
-    if forced == "recompute" or settings.forced_dkv_path() not in ("auto", "gqa"):
+    """The chunk of a backward of Shape s, or None for the seven-product backward (settings read now). "auto" is
+    seven products: as built, the five-product backward lost on every long GQA row (PERF.md #42), so it runs only
+    when asked for (`settings.dq_path("from-ds")`, FLA_BWD_DQ_PATH=from-ds), and then a call it cannot run raises
+    ValueError rather than falling back: another forced dK/dV kernel, a call outside `eligible`, packed
+    sequences, or a budget (`settings.ds_budget_bytes`) too small for one query head of every KV head."""
+    if settings.forced_dq_path() != "from-ds":
         return None
+    if settings.forced_dkv_path() not in ("auto", "gqa"):
+        raise ValueError(f"dq path 'from-ds' runs the KV-head-owned dK/dV kernel ('gqa'); dK/dV path "
+                         f"{settings.forced_dkv_path()!r} is forced too")
     if not (dense and eligible(s)):
-        if forced == "from-ds":
-            raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
-                             "16-bit q, k, v, head dims up to 128, no gate and no sink")
-        return None
+        raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
+                         "16-bit q, k, v, head dims up to 128, no gate and no sink")
     budget = settings.ds_budget_bytes()
     chunk = ds_chunk(s.B, s.T, s.H, s.HQ // s.H, s.W, max(s.K, s.V), budget)
-    if chunk is None and forced == "from-ds":
+    if chunk is None:
         raise ValueError(f"dq path 'from-ds': one query head of every KV head needs more dS scratch than "
                          f"FLA_BWD_DS_BUDGET_MIB = {budget / 2**20:g} MiB allows")
     return chunk
 
 
 def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
-    """Add delta, then per chunk the dK/dV launch (`add_dkv_launch(plan, s, out, **launch args)`, host.py's, which adds the
-    buffers and containment) and the dQ-from-dS launch, to `plan`. Buffers: "dq", "delta", "ds" (the chunk's
+    """Add delta, then per chunk the dK/dV launch (`add_dkv_launch(plan, s, out, **launch args)`, host.py's, which
+    adds the buffers and containment) and the dQ-from-dS launch, to `plan`. Buffers: "dq", "delta", "ds" (the chunk's
     tiles, reused by every chunk), and two fp32 dK/dV sum buffers when there are several chunks (ping-pong: a
     FIXUP launch re-reads the sums its FLAG launch started from)."""
     G = s.HQ // s.H
@@ -220,4 +211,4 @@ def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, BQ) * bands,), k=Ref("k"), ds=ds,
                         dq=dq, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=c * chunk, HQ=s.HQ, H=s.H, G=G,
                         CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)), NUM_BANDS=bands,
-                        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                        **DQ_FROM_DS_LAUNCH)

@@ -132,7 +132,7 @@ def contain_inline(B: int, HQ: int, T: int, W: int, D: int) -> bool:
     return B * HQ * T * min(T, W) * D < INLINE_CONTAINMENT_WORK
 
 
-def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict) -> None:
+def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict, scratch: bool = False) -> None:
     """Launch a kernel over `programs` programs so that a non-finite input reaches only the outputs that depend
     on it, in one of two ways, both exact (see `inner.any_nonfinite`):
     - two launches: a FLAG launch computes every tile plainly and stores per program whether its outputs are not
@@ -143,13 +143,13 @@ def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict) -> No
     worse; two launches cost one more launch of host time. `contain_inline` picks by the amount of work (PERF.md
     #17, #18, #31)."""
     if contain_inline(s.B, s.HQ, s.T, s.W, max(s.K, s.V)):
-        plan.launch(kernel, (programs,), nonfinite=None, CONTAIN=INLINE.value, **args)
+        plan.launch(kernel, (programs,), scratch, nonfinite=None, CONTAIN=INLINE.value, **args)
         return
     # One flag buffer for every pair of the call (`_finish` allocates it): each FLAG launch writes all the flags
     # its FIXUP reads, and the pairs run in stream order. One allocation less per pair on the host.
     plan.flags = max(plan.flags, programs)
     for mode in (FLAG, FIXUP):
-        plan.launch(kernel, (programs,), nonfinite=Ref("flags"), CONTAIN=mode.value, **args)
+        plan.launch(kernel, (programs,), scratch, nonfinite=Ref("flags"), CONTAIN=mode.value, **args)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[list], **five) -> None:
     if NT > 0:
         add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, NT * s.B * s.H, dict(
             args, do=Ref("do"), dk=dk, dv=dv, dgc_k=None, lse=Ref("lse"), delta=Ref("delta"), g_cumsum=None,
-            dsink_partial=None, dsink=None, NUM_PARTIALS=0, SPLIT=1, **five))
+            dsink_partial=None, dsink=None, NUM_PARTIALS=0, SPLIT=1, **five), scratch=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -23,8 +23,6 @@ import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
-# EXPERIMENT (issue 18 A/B, read once at import): the dS store's L2 eviction policy.
-DS_EVICT = tl.constexpr(__import__("os").environ.get("FLA_BWD_EXP_DS_EVICT", ""))
 
 # How a kernel keeps a NaN/Inf input to the outputs that depend on it: its `CONTAIN` constexpr (see `any_nonfinite`
 # and `host.add_contained`, which picks one per call).
@@ -382,15 +380,16 @@ def query_rows(lse_base, delta_base, gq_base, i_t, T, BS: tl.constexpr, USE_G: t
 
 @triton.jit
 def dkv_block(
-    b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base, ds_base,
-    o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+    b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base, ds,
+    ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
     STORE_DS: tl.constexpr,
 ):
     """dK/dV contribution of queries [i_t, i_t + BS) to the key tile o_s, in transposed ([keys, queries]) form.
     FULL: every query of the block exists (see `load_rows`). STORE_DS: also store the 16-bit dS^T tile that the dK
-    product consumes into this head's band at `ds_base` (the five-product backward, `from_ds.py`).
+    product consumes through the tensor descriptor `ds` (`from_ds.py`: a bulk copy from shared memory, no per-element
+    addresses), at tile ds_tile0 + (this block's first tile) of its [tiles * BT, BS] view.
 
     (b_lse, b_delta, b_gq) are this block's `query_rows`, loaded one iteration ahead; the block returns the next
     block's. Triton's pipeliner stages only the tile loads that feed dots, so these small vector loads would
@@ -425,11 +424,8 @@ def dkv_block(
     if MASK and SAFE:
         b_dst = tl.where(m_vis, b_dst, 0)
     if STORE_DS:
-        # ds_base is already at this key tile's place in query block 0's row of tiles (`dkv_one_head`).
-        o_r = tl.arange(0, BT)
-        o_c = tl.arange(0, BS)
-        tl.store(ds_base + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT) * (BT * BS) + o_r[:, None] * BS + o_c[None, :],
-                 b_dst.to(b_q.dtype), eviction_policy=DS_EVICT)
+        ds.store([((ds_tile0 + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT)) * BT).to(tl.int32), 0],
+                 b_dst.to(b_q.dtype))
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
     if USE_G:
         if MASK:
@@ -441,7 +437,7 @@ def dkv_block(
 
 @triton.jit
 def dkv_one_head(
-    b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dgk_base, ds_base, s0,
+    b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dgk_base, ds, ds_tile0, s0,
     T, W, Q0, qk_scale, stride_q, stride_do,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr,
@@ -463,7 +459,7 @@ def dkv_one_head(
     o_s = s0 + tl.arange(0, BT)
     m_s = o_s < T
     if STORE_DS:
-        ds_base += (s0 // BT).to(tl.int64) * (BT * BS)
+        ds_tile0 += s0 // BT  # this key tile in query block 0's row of tiles
     # [BT]
     b_dgk = tl.zeros([BT], dtype=tl.float32)
     diag, hi, end = query_ranges(s0, T, W, BT=BT, BS=BS)
@@ -478,19 +474,19 @@ def dkv_one_head(
     for i_t in range(t_diag, diag, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds_base, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
             STORE_DS=STORE_DS)
     for i_t in range(t_full, hi, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds_base, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=True, DOT_PREC=DOT_PREC, SAFE=SAFE,
             STORE_DS=STORE_DS)
     for i_t in range(t_mask, end, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds_base, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
             STORE_DS=STORE_DS)
     if USE_G:

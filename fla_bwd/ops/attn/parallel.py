@@ -273,8 +273,8 @@ def _dkv_heads(
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
     then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`). STORE_DS: head
-    i_hq0 + i stores its dS tiles into band ds_slot0 + i of `ds` (NTILE tiles a band, `from_ds.py`). ACC_IN: start
-    from the fp32 sums in dk_in, dv_in (the heads of earlier chunks) instead of zeros."""
+    i_hq0 + i stores its dS tiles into band ds_slot0 + i of the descriptor `ds` (NTILE tiles a band, `from_ds.py`).
+    ACC_IN: start from the fp32 sums in dk_in, dv_in (the heads of earlier chunks) instead of zeros."""
     qbos = bos
     if TAIL_Q:
         qbos = _tail_row0(bos, T, Q0)
@@ -291,12 +291,12 @@ def _dkv_heads(
             g_base, dgk_base = g_cumsum + row_base, dgc_k + row_base
             o_s = s0 + tl.arange(0, BT)
             b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
-        ds_base = ds
+        ds_tile0 = 0
         if STORE_DS:
-            ds_base = ds + (ds_slot0 + i_g).to(tl.int64) * NTILE * (BT * BS)
+            ds_tile0 = tl.cast(ds_slot0 + i_g, tl.int64) * NTILE
         b_dk, b_dv = dkv_one_head(
             b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
-            delta + row_base, g_base, dgk_base, ds_base, s0, T, W, Q0, qk_scale, HQ * K, HQ * V,
+            delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, HQ * K, HQ * V,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q,
             STORE_DS=STORE_DS)
     return b_dk, b_dv
@@ -422,6 +422,9 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     if STORE_DS:
         i_hq0 += G0
         ds_slot0 = (bos // T * H + i_part) * CHUNK  # band of the chunk's first head: (batch, KV head, head in chunk)
+        # One [B * H * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `from_ds.ds_chunk`).
+        ds = tl.make_tensor_descriptor(ds, shape=[B * (H * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
+                                       block_shape=[BT, BS])
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale,
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,

@@ -88,13 +88,33 @@ class Apply(NamedTuple):
         env[self.name] = self.fn(*[env[r] for r in self.refs])
 
 
+def _torch_scratch(size: int, alignment: int, stream: Optional[int]) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # the caching allocator aligns to 512 bytes
+
+
+@contextlib.contextmanager
+def _torch_allocator():
+    """Triton's allocator for a kernel's global scratch (device-side tensor descriptors) set to torch's caching
+    allocator around one launch (in the launching thread: autograd runs a backward in its own), then restored: a
+    user's own allocator is left as it was outside our launches."""
+    from triton.runtime import _allocation
+
+    previous = _allocation._allocator.get()
+    _allocation._allocator.set(_torch_scratch)
+    try:
+        yield
+    finally:
+        _allocation._allocator.set(previous)
+
+
 class Launch:
     """Step: one launch of `kernel` over `grid` with `args` (every parameter by keyword; `Ref`s bound at run
     time). Parameters the heuristics wrapper computes are left out: they are constexprs, which the C launcher
     skips."""
 
-    def __init__(self, kernel, grid: Sequence[int], args: Dict[str, Any]):
+    def __init__(self, kernel, grid: Sequence[int], args: Dict[str, Any], scratch: bool = False):
         self.kernel = kernel
+        self.scratch = scratch  # the kernel makes tensor descriptors: Triton asks an allocator for their memory
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.args = args
         self.refs = tuple((k, v.name) for k, v in args.items() if isinstance(v, Ref))
@@ -107,6 +127,13 @@ class Launch:
         return kwargs
 
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
+        if self.scratch and not is_interpreter():
+            with _torch_allocator():
+                self._launch(env, stream)
+        else:
+            self._launch(env, stream)
+
+    def _launch(self, env: dict, stream: Optional[int]) -> None:
         direct = self.direct
         if direct is not None and stream is not None:
             run, function, packed, template, slots = direct
@@ -148,8 +175,8 @@ class Plan:
         self.steps.append(Apply(name, fn, tuple(r.name for r in refs)))
         return Ref(name)
 
-    def launch(self, kernel, grid: Sequence[int], **args) -> None:
-        self.steps.append(Launch(kernel, grid, args))
+    def launch(self, kernel, grid: Sequence[int], scratch: bool = False, **args) -> None:
+        self.steps.append(Launch(kernel, grid, args, scratch))
 
     def run(self, env: dict) -> dict:
         """Execute the steps with `env` (name -> tensor) holding the call's inputs; returns env, now also holding

@@ -1,0 +1,176 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""The five-product backward (`fla_bwd.ops.attn.from_ds`, issue 18; opt-in: FLA_BWD_DQ_PATH=from-ds).
+
+Held to the same contract as the default backward: o and every gradient against the fp32 oracle at error ratio
+< 0.005 with poisoned buffers (an unwritten dS tile or dq row shows up as NaN), NaN/Inf containment in both modes,
+bitwise determinism; and its own: the chunks of query heads are bitwise the one-launch result, dK/dV are bitwise
+the seven-product backward's (the same kernel, additions in the same order), and every call it cannot run raises.
+"""
+
+import math
+
+import pytest
+import torch
+from conftest import DEVICE
+from helpers import Case, check_against_oracle, make_inputs, params, run_parallel
+from test_attn_nan import _check_poisoned, _poisoned_run
+
+import fla_bwd.ops.attn.from_ds as from_ds
+from fla_bwd.ops.attn.config import tile_config
+from fla_bwd.settings import dkv_path, dq_path
+
+f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
+
+CPU_CASES = [
+    Case(B=2, T=63, HQ=4, H=2, K=64, dtype=bf16),
+    Case(B=1, T=100, HQ=8, H=2, K=128, dtype=f16),
+    Case(B=2, T=45, HQ=2, H=2, K=32, dtype=bf16),  # MHA
+    Case(B=1, T=77, HQ=4, H=1, K=64, V=32, dtype=bf16),  # K != V
+    Case(B=1, T=90, HQ=4, H=2, K=64, dtype=bf16, window=20),
+    Case(B=1, T=70, HQ=2, H=1, K=64, dtype=f16, window=1),
+    Case(B=2, T=50, HQ=2, H=1, K=64, dtype=bf16, window=33),
+    Case(B=1, T=1, HQ=2, H=1, K=64, dtype=bf16),
+    Case(B=1, T=16, HQ=2, H=1, K=16, dtype=bf16, scale=0.3),
+]
+GPU_CASES = [
+    Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16),
+    Case(B=1, T=777, HQ=8, H=8, K=128, dtype=f16),
+    Case(B=1, T=1500, HQ=8, H=2, K=64, dtype=bf16, window=300),
+    Case(B=3, T=200, HQ=4, H=1, K=128, V=64, dtype=bf16, window=64),
+]
+CASES = GPU_CASES if DEVICE == "cuda" else CPU_CASES
+
+
+class ChunkSpy:
+    """Records the chunk of every backward (`from_ds.five_product_chunk`; None: seven products)."""
+
+    def __init__(self, monkeypatch):
+        import fla_bwd.ops.attn.host as host
+
+        self.chunks = []
+        original = from_ds.five_product_chunk
+
+        def spy(s, dense):
+            chunk = original(s, dense)
+            self.chunks.append(chunk)
+            return chunk
+
+        monkeypatch.setattr(host, "five_product_chunk", spy)
+
+
+def _band_bytes(case: Case) -> int:
+    """Bytes of one band of dS tiles (one query head, one batch element) at this case's tiles."""
+    cfg = tile_config("dkv", max(case.K, case.Vd), case.dtype)
+    W = case.T if case.window is None else min(case.window, case.T)
+    return from_ds.ds_layout(case.T, W, cfg["BS"], cfg["BT"]) * cfg["BS"] * cfg["BT"] * 2
+
+
+@pytest.mark.parametrize("case", params(CASES))
+def test_five_product_matches_oracle(case, monkeypatch):
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"):
+        check_against_oracle(case)
+    assert spy.chunks == [case.HQ // case.H], spy.chunks  # the default budget holds every head of these cases
+
+
+_CHUNKED = Case(B=2, T=70, HQ=8, H=2, K=64, dtype=bf16, window=40) if DEVICE != "cuda" else \
+    Case(B=2, T=900, HQ=16, H=2, K=128, dtype=bf16)
+
+
+@pytest.mark.parametrize("chunk", [4, 2, 1] if DEVICE != "cuda" else [8, 4, 2, 1])
+def test_chunks_are_bitwise_one_launch(chunk, monkeypatch):
+    """A budget that holds `chunk` query heads of every group: the same dq, dk, dv bitwise as one chunk of all
+    of them (and as a second call: determinism), and dk, dv bitwise the seven-product backward's."""
+    case = _CHUNKED
+    x = make_inputs(case)
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"):
+        whole = run_parallel(case, x)
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * chunk * _band_bytes(case) / 2**20))
+        chunked = run_parallel(case, x)
+        again = run_parallel(case, x)
+    with dq_path("recompute"), dkv_path("gqa"):
+        seven = run_parallel(case, x)
+    assert spy.chunks == [case.HQ // case.H, chunk, chunk, None], spy.chunks
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(chunked[name], whole[name]), name
+        assert torch.equal(again[name], chunked[name]), name
+    for name in ("dk", "dv"):
+        assert torch.equal(chunked[name], seven[name]), name
+
+
+@pytest.mark.parametrize("W", [None, 8], ids=["causal", "W8"])
+@pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan)],
+                         ids=["q_nan", "k_inf", "v_nan"])
+@pytest.mark.parametrize("containment", ["inline", "two-launch"])
+def test_nan_inf_propagation(which, value, W, containment, monkeypatch):
+    """As tests/ops/test_attn_nan.py: a non-finite input reaches exactly the outputs that depend on it; the stored
+    dS tiles are the contained ones, and the dQ-from-dS kernel keeps a bad K row out of the rows that do not see
+    it."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"):
+        out, clean, dep = _poisoned_run(which, value, W, gate=False)
+    assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
+    _check_poisoned(out, clean, dep)
+
+
+def test_auto_is_seven_products(monkeypatch):
+    spy = ChunkSpy(monkeypatch)
+    case = CASES[0]
+    run_parallel(case, make_inputs(case))
+    assert spy.chunks == [None]
+
+
+@pytest.mark.parametrize("what", ["gate", "sink", "packed", "fp32", "head_dim", "dkv_path", "budget"])
+def test_calls_it_cannot_run_raise(what, monkeypatch):
+    case = {
+        "gate": Case(T=40, HQ=2, H=1, K=32, gate=True),
+        "sink": Case(T=40, HQ=2, H=1, K=32, sink=0.0),
+        "packed": Case(T=40, HQ=2, H=1, K=32, cu_seqlens=(0, 10, 40)),
+        "fp32": Case(T=40, HQ=2, H=1, K=32, dtype=f32),
+        "head_dim": Case(T=40, HQ=2, H=1, K=192),
+    }.get(what, Case(T=40, HQ=2, H=1, K=32))
+    x = make_inputs(case)
+    if what == "budget":
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", "0")
+    message = {"dkv_path": "dK/dV path", "budget": "FLA_BWD_DS_BUDGET_MIB"}.get(what, "needs a dense call")
+    with dq_path("from-ds"), dkv_path("per-query-head" if what == "dkv_path" else "auto"):
+        with pytest.raises(ValueError, match=message):
+            run_parallel(case, x)
+
+
+def test_bad_settings_raise(monkeypatch):
+    with pytest.raises(ValueError, match="dq_path must be one of"):
+        with dq_path("fast"):
+            pass
+    case = CASES[0]
+    x = make_inputs(case)
+    monkeypatch.setenv("FLA_BWD_DQ_PATH", "fast")
+    with pytest.raises(ValueError, match="FLA_BWD_DQ_PATH must be one of"):
+        run_parallel(case, x)
+    monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")
+    for bad in ("lots", "-1", "nan"):
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", bad)
+        with pytest.raises(ValueError, match="FLA_BWD_DS_BUDGET_MIB must be a number"):
+            run_parallel(case, x)
+
+
+def _brute_layout(T: int, W: int, BQ: int, BT: int):
+    """(tiles of a band, {query block: index of its tile kj minus kj}) by enumeration."""
+    index, first = 0, {}
+    for qi in range(-(-T // BQ)):
+        lo, hi = max(qi * BQ - W + 1, 0) // BT, (qi * BQ + BQ - 1) // BT
+        first[qi] = index - lo
+        index += hi - lo + 1
+    return index, first
+
+
+def test_layout_formula_matches_enumeration():
+    for BQ, BT in ((16, 32), (64, 64), (32, 64), (16, 64)):
+        for T in (1, 5, 16, 31, 32, 33, 100, 257, 1000):
+            for W in (1, 2, 15, 16, 17, 31, 33, 64, 129, T):
+                W = min(W, T)
+                tiles, first = _brute_layout(T, W, BQ, BT)
+                assert from_ds.ds_layout(T, W, BQ, BT) == tiles, (T, W, BQ, BT)
+                assert all(from_ds.ds_first_tile(qi, W, BQ, BT) == f for qi, f in first.items()), (T, W, BQ, BT)
