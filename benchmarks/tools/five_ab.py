@@ -24,7 +24,10 @@ from fla_bwd import settings
 from fla_bwd.ops.attn import naive_parallel_attn, parallel_attn
 
 # The registry's rows, and the dense G8 T16384 of issue 18's memory bar.
-SHAPES = dict({s.name: s for s in _SHAPES}, **{"g8-T16384": Shape("g8-T16384", 1, 16384, 32, 4, 128, 128)})
+SHAPES = dict({s.name: s for s in _SHAPES}, **{"g8-T16384": Shape("g8-T16384", 1, 16384, 32, 4, 128, 128),
+                                                "mha-T4096": Shape("mha-T4096", 1, 4096, 32, 32, 128, 128),
+                                                "mha-D64": Shape("mha-D64", 2, 2048, 32, 32, 64, 64),
+                                                "mha-T1024": Shape("mha-T1024", 4, 1024, 32, 32, 128, 128)})
 CANDIDATES = {"seven": ("recompute", None), "five": ("from-ds", None), "five-1chunk": ("from-ds", "65536")}
 
 

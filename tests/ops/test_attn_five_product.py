@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import DEVICE
 from helpers import Case, check_against_oracle, make_inputs, params, run_parallel
+from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
 from test_attn_nan import _check_poisoned, _poisoned_run
 
 import fla_bwd.ops.attn.from_ds as from_ds
@@ -113,6 +114,21 @@ def test_nan_inf_propagation(which, value, W, containment, monkeypatch):
         out, clean, dep = _poisoned_run(which, value, W, gate=False)
     assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
     _check_poisoned(out, clean, dep)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU (Triton's CPU interpreter has no graphs)")
+@pytest.mark.parametrize("case,chunks", [(Case(B=2, T=256, HQ=8, H=2, K=64, window=64), 1),
+                                         (Case(B=2, T=1024, HQ=8, H=2, K=128), 2)], ids=["inline", "two-launch"])
+def test_whole_step_capture(case, chunks, monkeypatch):
+    """tests/ops/test_attn_cuda_graph.py's protocol on this path: forward + backward captured in one graph replays
+    bitwise like eager calls (the dK/dV kernel's descriptor scratch is allocated at launch, inside the capture),
+    with two chunks of heads in the larger case."""
+    monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * (case.HQ // case.H // chunks) * _band_bytes(case)
+                                                    / 2**20))
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"):
+        _capture_replays_like_eager(case)
+    assert set(spy.chunks) == {case.HQ // case.H // chunks}, spy.chunks
 
 
 def test_auto_is_seven_products(monkeypatch):

@@ -395,7 +395,9 @@ def dkv_block(
     block's. Triton's pipeliner stages only the tile loads that feed dots, so these small vector loads would
     otherwise stall every iteration on a global-memory round trip.
     """
-    b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS, USE_G=USE_G)
+    if not STORE_DS:
+        b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS,
+                                                         USE_G=USE_G)
     o_t = i_t + tl.arange(0, BS)
     # [BS, BK]
     b_q = load_rows(q_base, o_t, T, stride_q, N=K, BN=BK, FULL=FULL)
@@ -426,6 +428,10 @@ def dkv_block(
     if STORE_DS:
         ds.store([((ds_tile0 + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT)) * BT).to(tl.int32), 0],
                  b_dst.to(b_q.dtype))
+        # The next block's rows only now: the store's shared-memory fences (MEMBAR.ALL.CTA) wait for every load
+        # issued before them, which would make this prefetch a round trip per block.
+        b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS,
+                                                         USE_G=USE_G)
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
     if USE_G:
         if MASK:
