@@ -5,8 +5,9 @@ interleaved rounds, medians), per-kernel times, oracle error and bitwise checks,
     python -m benchmarks.tools.five_ab --rows g8-T8192,gqa4-long --json out.json
 
 Candidates: "seven" (FLA_BWD_DQ_PATH=recompute), "five" (from-ds at the default dS budget) and "five-1chunk"
-(from-ds with a budget large enough for one chunk). Import-time experiment switches (FLA_BWD_EXP_*) are set by the
-caller per process.
+(from-ds with a budget large enough for one chunk). The results of issue 18's runs are in
+benchmarks/results/five-product/ (runs 1-3 used import-time experiment switches, FLA_BWD_EXP_*, since removed:
+PERF.md #42 says which variant each was).
 """
 
 import argparse

@@ -131,11 +131,49 @@ def test_whole_step_capture(case, chunks, monkeypatch):
     assert set(spy.chunks) == {case.HQ // case.H // chunks}, spy.chunks
 
 
-def test_auto_is_seven_products(monkeypatch):
+def _shape(**kw):
+    from fla_bwd.ops.attn.host import Shape
+
+    base = dict(device=torch.device(DEVICE), B=2, T=2048, HQ=32, H=32, K=128, V=128, dtype=bf16, g_dtype=None,
+                sink_dtype=None, scale=0.1, W=2048, containment="auto")
+    base.update(kw)
+    return Shape(**base)
+
+
+@pytest.mark.parametrize("kw,expected", [
+    (dict(), 1),  # long dense MHA at D = 128: measured faster (PERF.md #42)
+    (dict(dtype=f16), 1),
+    (dict(T=4096, W=4096, B=1), 1),
+    (dict(T=1024, W=1024), None),  # shorter: host-bound, slower
+    (dict(H=8), None),  # GQA: slower as built
+    (dict(K=64, V=64), None),  # D = 64: slower
+    (dict(W=512), None),  # windows: not measured faster
+    (dict(g_dtype=f32), None),
+    (dict(sink_dtype=f32), None),
+    (dict(dtype=f32), None),
+    (dict(T=8192, W=8192, B=1), None),  # dS tiles over the default budget: seven products, no error
+], ids=["mha", "fp16", "T4096", "T1024", "gqa", "D64", "window", "gate", "sink", "fp32", "over-budget"])
+def test_auto_dispatch(kw, expected, monkeypatch):
+    monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
+    monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
+    assert from_ds.five_product_chunk(_shape(**kw), dense=True) == expected
+    assert from_ds.five_product_chunk(_shape(**kw), dense=False) is None  # packed: seven products
+    with dkv_path("per-query-head"):  # another dK/dV kernel asked for: seven products
+        assert from_ds.five_product_chunk(_shape(**kw), dense=True) is None
+    with dq_path("recompute"):
+        assert from_ds.five_product_chunk(_shape(**kw), dense=True) is None
+
+
+def test_auto_runs_five_products_where_it_dispatches(monkeypatch):
+    """End to end through "auto" (the length threshold lowered to the interpreter's sizes): the five-product
+    backward runs and matches the oracle, while a GQA call of the same length keeps seven products."""
+    monkeypatch.setattr("fla_bwd.ops.attn.config.FIVE_PRODUCT_MIN_T", 64)
     spy = ChunkSpy(monkeypatch)
-    case = CASES[0]
-    run_parallel(case, make_inputs(case))
-    assert spy.chunks == [None]
+    mha = Case(B=2, T=70, HQ=2, H=2, K=128, dtype=bf16) if DEVICE != "cuda" else \
+        Case(B=1, T=2048, HQ=8, H=8, K=128, dtype=bf16)
+    check_against_oracle(mha)
+    run_parallel(CASES[0], make_inputs(CASES[0]))
+    assert spy.chunks == [1, None], spy.chunks
 
 
 @pytest.mark.parametrize("what", ["gate", "sink", "packed", "fp32", "head_dim", "dkv_path", "budget"])

@@ -45,6 +45,10 @@ TILE_CONFIGS = {
 # The dQ-from-dS kernel (`from_ds.py`; its tiles are the dK/dV kernel's): a memory-bound loop, deeper pipelined
 # (8 warps, 3 stages: 621 against 798 us at 4, 2 on g8-T8192, PERF.md #42).
 DQ_FROM_DS_LAUNCH = dict(num_warps=8, num_stages=3)
+# Where "auto" takes the five-product backward (`from_ds.five_product_chunk`): dense full-causal MHA at head dims
+# 65-128 from this length on. It won there on the H200 (mha-long 542 against 617 us, mha-T4096 884 against 1020);
+# GQA rows, D = 64 and windows lost, shorter rows are host-bound (PERF.md #42).
+FIVE_PRODUCT_MIN_T = 2048
 # Under the CPU interpreter small tiles make the tests' short sequences cross every range of the loops.
 INTERPRETER_CONFIG = _tiles(32, 16, 4, 1)
 

@@ -16,9 +16,11 @@ Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk
 key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/dV kernel holds it). With a window
 only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT.
 
-Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no gate, no sink; opt-in (`five_product_chunk`:
-as built it is slower than the seven-product backward on the long GQA rows, PERF.md #42). The dS store goes through a
-device-side tensor descriptor (a bulk copy from shared memory): per-element pointer stores cost more (#42).
+Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no gate, no sink. "auto" takes it only for long
+dense MHA, where it measured faster; as built it loses on GQA rows (the dS store slows the KV-head-owned kernel more
+than the dQ recompute it saves, PERF.md #42), so there it runs only when asked for (`five_product_chunk`). The dS
+store goes through a device-side tensor descriptor (a bulk copy from shared memory): per-element pointer stores cost
+more (#42).
 """
 
 import functools
@@ -29,6 +31,7 @@ import triton
 import triton.language as tl
 
 from fla_bwd import settings
+from fla_bwd.ops.attn import config
 from fla_bwd.ops.attn.config import DQ_FROM_DS_LAUNCH, tile_config
 from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows
 from fla_bwd.ops.utils.launch import Ref
@@ -155,18 +158,32 @@ def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int) -> Opt
     return None
 
 
+def _auto_takes(s) -> bool:
+    """Whether "auto" runs this (eligible, dense) call with five products: where it measured faster (`config`)."""
+    return (s.HQ == s.H and 64 < max(s.K, s.V) <= 128 and s.W >= s.T
+            and s.T >= config.FIVE_PRODUCT_MIN_T)
+
+
 def five_product_chunk(s, dense: bool) -> Optional[int]:
-    """The chunk of a backward of Shape s, or None for the seven-product backward (settings read now). "auto" is
-    seven products: as built, the five-product backward lost on every long GQA row (PERF.md #42), so it runs only
-    when asked for (`settings.dq_path("from-ds")`, FLA_BWD_DQ_PATH=from-ds), and then a call it cannot run raises
-    ValueError rather than falling back: another forced dK/dV kernel, a call outside `eligible`, packed
-    sequences, or a budget (`settings.ds_budget_bytes`) too small for one query head of every KV head."""
-    if settings.forced_dq_path() != "from-ds":
+    """The chunk of a backward of Shape s, or None for the seven-product backward (settings read now).
+
+    "auto": five products only where they measured faster (`_auto_takes`: long dense MHA), with no other dK/dV
+    kernel forced and the dS tiles within the budget; else seven. Asked for (`settings.dq_path("from-ds")`,
+    FLA_BWD_DQ_PATH=from-ds), a call it cannot run raises ValueError rather than falling back: another forced dK/dV
+    kernel, a call outside `eligible`, packed sequences, or a budget (`settings.ds_budget_bytes`) too small for
+    one query head of every KV head. "recompute": seven products."""
+    forced = settings.forced_dq_path()
+    if forced == "recompute":
         return None
+    runnable = dense and eligible(s)
+    if forced == "auto":
+        if not (runnable and _auto_takes(s) and settings.forced_dkv_path() == "auto"):
+            return None
+        return ds_chunk(s.B, s.T, s.H, s.HQ // s.H, s.W, max(s.K, s.V), settings.ds_budget_bytes())
     if settings.forced_dkv_path() not in ("auto", "gqa"):
         raise ValueError(f"dq path 'from-ds' runs the KV-head-owned dK/dV kernel ('gqa'); dK/dV path "
                          f"{settings.forced_dkv_path()!r} is forced too")
-    if not (dense and eligible(s)):
+    if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v, head dims up to 128, no gate and no sink")
     budget = settings.ds_budget_bytes()

@@ -461,7 +461,9 @@ _BY_NAME = {"gqa": DkvKernel(True, 1), "gqa-split2": DkvKernel(True, 2), "gqa-sp
 
 def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: Optional[int] = None,
                       cu_seqlens: Optional[torch.Tensor] = None) -> DkvKernel:
-    """The dK/dV kernel that a backward of these inputs uses (`dkv_kernel_for`, settings read now)."""
+    """The dK/dV kernel that a seven-product backward of these inputs uses (`dkv_kernel_for`, settings read now).
+    A five-product backward (`from_ds.five_product_chunk`: long dense MHA by default) runs the KV-head-owned kernel
+    with its dS store instead."""
     B, T, HQ, K = q.shape
     W = T if window_size is None else window_size
     lengths = sequence_lengths(B, T, varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None)
@@ -552,7 +554,9 @@ def parallel_attn(
         TypeError), before any kernel runs.
 
     The package is Triton-only: `FLA_DISABLE_BACKEND_DISPATCH=1` is accepted and changes nothing. The dK/dV kernel
-    is picked per call by `select_dkv_kernel`; force one with `dkv_path(...)` or FLA_BWD_DKV_PATH.
+    is picked per call by `select_dkv_kernel`; force one with `dkv_path(...)` or FLA_BWD_DKV_PATH. dq is
+    recomputed (seven products) or read from stored dS tiles (five products: long dense MHA by default,
+    `from_ds.five_product_chunk`; `dq_path(...)` or FLA_BWD_DQ_PATH, scratch bounded by FLA_BWD_DS_BUDGET_MIB).
     """
     check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices, kwargs)
     if window_size == 0:  # FLA's meaning: no key visible, the sink (required) takes all the mass
