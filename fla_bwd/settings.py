@@ -27,53 +27,58 @@ DQ_PATHS = ("auto", "recompute", "from-ds")
 # seven-product backward when one head of every KV head does not fit). README, "Memory".
 DEFAULT_DS_BUDGET_MIB = 1024
 
-_dkv_override: Optional[str] = None
-_dq_override: Optional[str] = None
 _fast_launch = os.environ.get("FLA_BWD_FAST_LAUNCH", "1") != "0"
 
 
-@contextlib.contextmanager
+class _PathSetting:
+    """A path chosen per backward: the environment variable `variable`, overridden inside `with` blocks
+    (`block`); "auto" when neither says."""
+
+    def __init__(self, function: str, variable: str, allowed: tuple):
+        self.function, self.variable, self.allowed = function, variable, allowed
+        self.override: Optional[str] = None
+
+    @contextlib.contextmanager
+    def block(self, name: str):
+        if name not in self.allowed:
+            raise ValueError(f"{self.function} must be one of {self.allowed}, got {name!r}")
+        previous, self.override = self.override, name
+        try:
+            yield
+        finally:
+            self.override = previous
+
+    def read(self) -> str:
+        forced = self.override or os.environ.get(self.variable, "auto")
+        if forced not in self.allowed:
+            raise ValueError(f"{self.variable} must be one of {self.allowed}, got {forced!r}")
+        return forced
+
+
+_DKV = _PathSetting("dkv_path", "FLA_BWD_DKV_PATH", DKV_PATHS)
+_DQ = _PathSetting("dq_path", "FLA_BWD_DQ_PATH", DQ_PATHS)
+
+
 def dkv_path(name: str):
     """Force the dK/dV kernel inside a `with` block: one of `DKV_PATHS` ("auto" is the dispatch). Overrides the
     environment variable FLA_BWD_DKV_PATH, which sets the same for a whole process. Read at backward time."""
-    global _dkv_override
-    if name not in DKV_PATHS:
-        raise ValueError(f"dkv_path must be one of {DKV_PATHS}, got {name!r}")
-    previous, _dkv_override = _dkv_override, name
-    try:
-        yield
-    finally:
-        _dkv_override = previous
+    return _DKV.block(name)
 
 
 def forced_dkv_path() -> str:
     """The dK/dV path forced by `dkv_path(...)` or FLA_BWD_DKV_PATH, "auto" if none."""
-    forced = _dkv_override or os.environ.get("FLA_BWD_DKV_PATH", "auto")
-    if forced not in DKV_PATHS:
-        raise ValueError(f"FLA_BWD_DKV_PATH must be one of {DKV_PATHS}, got {forced!r}")
-    return forced
+    return _DKV.read()
 
 
-@contextlib.contextmanager
 def dq_path(name: str):
     """Force how dq is computed inside a `with` block: one of `DQ_PATHS` ("auto" is the dispatch, see
     `fla_bwd.ops.attn.from_ds.five_product_chunk`). Overrides FLA_BWD_DQ_PATH. Read at backward time."""
-    global _dq_override
-    if name not in DQ_PATHS:
-        raise ValueError(f"dq_path must be one of {DQ_PATHS}, got {name!r}")
-    previous, _dq_override = _dq_override, name
-    try:
-        yield
-    finally:
-        _dq_override = previous
+    return _DQ.block(name)
 
 
 def forced_dq_path() -> str:
     """The dq path forced by `dq_path(...)` or FLA_BWD_DQ_PATH, "auto" if none."""
-    forced = _dq_override or os.environ.get("FLA_BWD_DQ_PATH", "auto")
-    if forced not in DQ_PATHS:
-        raise ValueError(f"FLA_BWD_DQ_PATH must be one of {DQ_PATHS}, got {forced!r}")
-    return forced
+    return _DQ.read()
 
 
 def ds_budget_bytes() -> int:
