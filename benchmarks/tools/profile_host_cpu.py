@@ -36,6 +36,7 @@ SHAPES = {
     "gated": dict(B=4, T=512, HQ=32, H=8, D=128, gate=True),
     "sink": dict(B=4, T=512, HQ=32, H=8, D=128, sink=True),
     "varlen": dict(B=1, T=2048, HQ=32, H=8, D=128, cu=(0, 300, 1024, 1500, 2048)),
+    "mha-T1024": dict(B=4, T=1024, HQ=32, H=32, D=128),  # issue 18: compare FLA_BWD_DQ_PATH=recompute / from-ds
 }
 
 
@@ -60,7 +61,8 @@ class _NoJit:
 def stub() -> None:
     """Make the package believe it runs compiled kernels on a GPU while its tensors are CPU tensors."""
     init = launch.Launch.__init__
-    launch.Launch.__init__ = lambda self, kernel, grid, args: init(self, _NoJit(kernel), grid, args)
+    launch.Launch.__init__ = lambda self, kernel, grid, args, scratch=False: init(self, _NoJit(kernel), grid, args,
+                                                                                  scratch)
     launch._direct_stream = lambda device: 0
     checks.check_runnable = lambda name, x: None
     from fla_bwd.ops.attn import parallel
