@@ -150,8 +150,8 @@ def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int) -> Opt
     """Query heads of each group per chunk: the largest divisor of G whose dS tiles (B * H * chunk bands) fit in
     `budget` bytes, or None if one head of every group does not fit (then the seven-product backward runs)."""
     cfg = tile_config("dkv", D)
-    band = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BS"] * cfg["BT"] * 2
     rows = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"]  # a band's rows in the dK/dV kernel's descriptor view
+    band = rows * cfg["BS"] * 2
     for chunk in range(G, 0, -1):
         if G % chunk == 0 and B * H * chunk * band <= budget and B * H * chunk * rows < 2**31:
             return chunk
@@ -195,7 +195,7 @@ def five_product_chunk(s, dense: bool) -> Optional[int]:
 
 
 def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
-    """Add delta, then per chunk the dK/dV launch (`add_dkv_launch(plan, s, out, **launch args)`, host.py's, which
+    """Add delta, then per chunk the dK/dV launch (`add_dkv_launch(plan, s, out, **launch args)`: host.py's, which
     adds the buffers and containment) and the dQ-from-dS launch, to `plan`. Buffers: "dq", "delta", "ds" (the chunk's
     tiles, reused by every chunk), and two fp32 dK/dV sum buffers when there are several chunks (ping-pong: a
     FIXUP launch re-reads the sums its FLAG launch started from)."""
@@ -215,15 +215,14 @@ def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
     bands = s.B * s.H * chunk
     ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
     chunks = G // chunk
-    sums = [plan.empty(f"dkv_sum{i}_{n}", (s.B, s.T, s.H, d), torch.float32)
-            for i in range(min(chunks - 1, 2)) for n, d in (("k", s.K), ("v", s.V))]
+    # (dk, dv) fp32 sum pairs: chunk c writes pair c % 2 and the next chunk reads it.
+    sums = [(plan.empty(f"dk_sum{i}", (s.B, s.T, s.H, s.K), torch.float32),
+             plan.empty(f"dv_sum{i}", (s.B, s.T, s.H, s.V), torch.float32)) for i in range(min(chunks - 1, 2))]
     for c in range(chunks):
-        first, last = c == 0, c == chunks - 1
-        acc_in = None if first else sums[2 * ((c - 1) % 2):2 * ((c - 1) % 2) + 2]
-        acc_out = None if last else sums[2 * (c % 2):2 * (c % 2) + 2]
-        add_dkv_launch(plan, s, ds=ds, NTILE=ntile, G0=c * chunk, CHUNK=chunk,
-                       dk_in=acc_in[0] if acc_in else None, dv_in=acc_in[1] if acc_in else None,
-                       out=acc_out, ACC_OUT=not last)
+        last = c == chunks - 1
+        dk_in, dv_in = sums[(c - 1) % 2] if c > 0 else (None, None)
+        add_dkv_launch(plan, s, None if last else sums[c % 2], ds=ds, NTILE=ntile, G0=c * chunk, CHUNK=chunk,
+                       dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
         if s.T:
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, BQ) * bands,), k=Ref("k"), ds=ds,
                         dq=dq, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=c * chunk, HQ=s.HQ, H=s.H, G=G,

@@ -254,7 +254,7 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
         add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, out_dtype)
 
 
-def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[list], **five) -> None:
+def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], **five) -> None:
     """One chunk's dK/dV launch of the five-product backward (`from_ds.add_five_product_backward`): the
     KV-head-owned kernel with the dS store; `out` its fp32 sum buffers, or None for the last chunk ("dk", "dv" in
     the inputs' dtype)."""
