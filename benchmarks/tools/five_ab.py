@@ -11,6 +11,7 @@ PERF.md #42 says which variant each was).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -20,7 +21,7 @@ import torch
 from benchmarks.ops.registry import SHAPES as _SHAPES
 from benchmarks.ops.shapes import Shape
 from benchmarks.ops.timing import Timer, interleaved
-from benchmarks.tools.tune_attn import kernel_times, ratio
+from benchmarks.tools.tune_attn import kernel_times, make_inputs, ratio
 from fla_bwd import settings
 from fla_bwd.ops.attn import naive_parallel_attn, parallel_attn
 
@@ -53,10 +54,8 @@ class _Env:
 
 
 def _inputs(B, T, HQ, H, D, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, device="cuda", dtype=dtype, generator=g).requires_grad_()
-    return mk(B, T, HQ, D), mk(B, T, H, D), mk(B, T, H, D), torch.randn(B, T, HQ, D, device="cuda", dtype=dtype,
-                                                                        generator=g)
+    q, k, v, _ = make_inputs(B, T, HQ, H, D, False, dtype, seed)
+    return q, k, v, torch.randn_like(q)
 
 
 def run_row(name, cands, rounds, iters, timer):
@@ -108,19 +107,11 @@ def peak_memory(name, cand):
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    with _Env(cand) if cand else _Noop():
+    with _Env(cand) if cand else contextlib.nullcontext():
         o = parallel_attn(q, k, v, window_size=s.W)
         torch.autograd.grad(o, (q, k, v), do)
     torch.cuda.synchronize()
     return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
-
-
-class _Noop:
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
 
 
 def main():

@@ -61,8 +61,7 @@ class _NoJit:
 def stub() -> None:
     """Make the package believe it runs compiled kernels on a GPU while its tensors are CPU tensors."""
     init = launch.Launch.__init__
-    launch.Launch.__init__ = lambda self, kernel, grid, args, scratch=False: init(self, _NoJit(kernel), grid, args,
-                                                                                  scratch)
+    launch.Launch.__init__ = lambda self, kernel, grid, args: init(self, _NoJit(kernel), grid, args)
     launch._direct_stream = lambda device: 0
     checks.check_runnable = lambda name, x: None
     from fla_bwd.ops.attn import parallel

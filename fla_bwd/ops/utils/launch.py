@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from triton import knobs
+from triton.runtime import _allocation
 from triton.runtime.jit import JITFunction
 
 from fla_bwd import settings
@@ -88,33 +89,13 @@ class Apply(NamedTuple):
         env[self.name] = self.fn(*[env[r] for r in self.refs])
 
 
-def _torch_scratch(size: int, alignment: int, stream: Optional[int]) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")  # the caching allocator aligns to 512 bytes
-
-
-@contextlib.contextmanager
-def _torch_allocator():
-    """Triton's allocator for a kernel's global scratch (device-side tensor descriptors) set to torch's caching
-    allocator around one launch (in the launching thread: autograd runs a backward in its own), then restored: a
-    user's own allocator is left as it was outside our launches."""
-    from triton.runtime import _allocation
-
-    previous = _allocation._allocator.get()
-    _allocation._allocator.set(_torch_scratch)
-    try:
-        yield
-    finally:
-        _allocation._allocator.set(previous)
-
-
 class Launch:
     """Step: one launch of `kernel` over `grid` with `args` (every parameter by keyword; `Ref`s bound at run
     time). Parameters the heuristics wrapper computes are left out: they are constexprs, which the C launcher
     skips."""
 
-    def __init__(self, kernel, grid: Sequence[int], args: Dict[str, Any], scratch: bool = False):
+    def __init__(self, kernel, grid: Sequence[int], args: Dict[str, Any]):
         self.kernel = kernel
-        self.scratch = scratch  # the kernel makes tensor descriptors: Triton asks an allocator for their memory
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.args = args
         self.refs = tuple((k, v.name) for k, v in args.items() if isinstance(v, Ref))
@@ -127,13 +108,6 @@ class Launch:
         return kwargs
 
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
-        if self.scratch and not is_interpreter():
-            with _torch_allocator():
-                self._launch(env, stream)
-        else:
-            self._launch(env, stream)
-
-    def _launch(self, env: dict, stream: Optional[int]) -> None:
         direct = self.direct
         if direct is not None and stream is not None:
             run, function, packed, template, slots = direct
@@ -157,6 +131,24 @@ class Launch:
             self.direct = (run, compiled.function, compiled.packed_metadata, template, slots)
 
 
+def _torch_scratch(size: int, alignment: int, stream: Optional[int]) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # the caching allocator aligns to 512 bytes
+
+
+class ScratchLaunch(Launch):
+    """A `Launch` of a kernel that makes device-side tensor descriptors: Triton asks its allocator for their
+    global scratch at every launch, so torch's caching allocator is set around the launch (in the launching thread:
+    autograd runs a backward in its own) and the previous one restored, leaving a user's allocator as it was."""
+
+    def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
+        previous = _allocation._allocator.get()
+        _allocation._allocator.set(_torch_scratch)
+        try:
+            super().__call__(env, device, stream)
+        finally:
+            _allocation._allocator.set(previous)
+
+
 class Plan:
     """An ordered list of steps built once for a kind of call (see the module docstring); `run` binds the call's
     tensors and executes them."""
@@ -176,7 +168,8 @@ class Plan:
         return Ref(name)
 
     def launch(self, kernel, grid: Sequence[int], scratch: bool = False, **args) -> None:
-        self.steps.append(Launch(kernel, grid, args, scratch))
+        """Add a launch; `scratch`: the kernel makes tensor descriptors (`ScratchLaunch`)."""
+        self.steps.append((ScratchLaunch if scratch else Launch)(kernel, grid, args))
 
     def run(self, env: dict) -> dict:
         """Execute the steps with `env` (name -> tensor) holding the call's inputs; returns env, now also holding

@@ -146,3 +146,38 @@ def test_partial_tiles_warn_nothing_and_leave_numpy_flags(dtype, gate, sink):
         o.float().sum().backward()
     assert np.geterr() == before
     assert torch.isfinite(o).all() and torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+
+
+def test_scratch_launch_sets_torch_allocator_and_restores_the_callers():
+    """A `scratch` launch (a kernel with device-side tensor descriptors) runs with torch's caching allocator as
+    Triton's scratch allocator, and leaves the caller's allocator in place afterwards, also when the launch raises."""
+    from triton.runtime import _allocation
+
+    seen = []
+
+    class _Kernel:
+        def __getitem__(self, grid):
+            def run(**kwargs):
+                seen.append(_allocation._allocator.get())
+                if kwargs["fail"]:
+                    raise RuntimeError("launch failed")
+            return run
+
+    def mine(size, alignment, stream):
+        raise AssertionError("not for our launches")
+
+    previous = _allocation._allocator.get()
+    _allocation._allocator.set(mine)
+    try:
+        for fail in (False, True):
+            plan = launch.Plan(torch.device("cpu"))
+            plan.launch(_Kernel(), (1,), scratch=True, fail=fail)
+            if fail:
+                with pytest.raises(RuntimeError, match="launch failed"):
+                    plan.run({})
+            else:
+                plan.run({})
+            assert seen[-1] is launch._torch_scratch
+            assert _allocation._allocator.get() is mine
+    finally:
+        _allocation._allocator.set(previous)
