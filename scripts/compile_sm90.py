@@ -104,7 +104,7 @@ def loop_report(compiled) -> list:
 def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
     """(name, kernel, launch args, launcher config key) at head dim D, G = 8; `five`: the five-product backward's
     kernels instead."""
-    no_ds = dict(ds=None, dk_in=None, dv_in=None, NTILE=None, G0=None, CHUNK=None, ACC_OUT=False)
+    no_ds = dict(ds=None, dk_in=None, dv_in=None, NTILE=None, G0=None, CHUNK=None, HEADS=None, ACC_OUT=False)
     t = lambda dt=dtype: torch.empty(1, dtype=dt)
     f32 = torch.float32
     dims = dict(HQ=32, H=4, G=8, K=D, V=D, BK=max(16, triton.next_power_of_2(D)), BV=max(16, triton.next_power_of_2(D)),
@@ -127,7 +127,7 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
     if five:  # the five-product backward (dense, no gate, no sink): a middle chunk's dK/dV launch
         plain = [("dkv_store_ds", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
                   dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), SPLIT=1,
-                       ds=t(), dk_in=t(f32), dv_in=t(f32), NTILE=1000, G0=2, CHUNK=2, ACC_OUT=True), "dkv")]
+                       ds=t(), dk_in=t(f32), dv_in=t(f32), NTILE=1000, G0=2, CHUNK=2, HEADS=1, ACC_OUT=True), "dkv")]
     return [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
             for name, kernel, launch, key in plain for mode in (0, 1, 2)] + (_five_extra(D, dtype, t) if five else [])
 

@@ -4,10 +4,10 @@ interleaved rounds, medians), per-kernel times, oracle error and bitwise checks,
 
     python -m benchmarks.tools.five_ab --rows g8-T8192,gqa4-long --json out.json
 
-Candidates: "seven" (FLA_BWD_DQ_PATH=recompute), "five" (from-ds at the default dS budget) and "five-1chunk"
-(from-ds with a budget large enough for one chunk). The results of issue 18's runs are in
-benchmarks/results/five-product/ (runs 1-3 used import-time experiment switches, FLA_BWD_EXP_*, since removed:
-PERF.md #42 says which variant each was).
+Candidates: "seven" (FLA_BWD_DQ_PATH=recompute), "five" (from-ds at the default dS budget), "five-1chunk"
+(from-ds with a budget large enough for one chunk) and "five@N" (from-ds at a budget of N MiB: smaller chunks). The
+results of issue 18's runs are in benchmarks/results/five-product/ (runs 1-3 and 10-11 used experiment switches,
+FLA_BWD_EXP_*, since removed: PERF.md #42 says which variant each was).
 """
 
 import argparse
@@ -33,11 +33,18 @@ SHAPES = dict({s.name: s for s in _SHAPES}, **{"g8-T16384": Shape("g8-T16384", 1
 CANDIDATES = {"seven": ("recompute", None), "five": ("from-ds", None), "five-1chunk": ("from-ds", "65536")}
 
 
+def candidate(name):
+    """(dq path, dS budget in MiB or None) of a candidate: one of CANDIDATES, or "five@N" (from-ds at N MiB)."""
+    if name.startswith("five@"):
+        return "from-ds", name[len("five@"):]
+    return CANDIDATES[name]
+
+
 class _Env:
     """dq path and budget for a block."""
 
     def __init__(self, cand):
-        self.path, self.budget = CANDIDATES[cand]
+        self.path, self.budget = candidate(cand)
 
     def __enter__(self):
         self.ctx = settings.dq_path(self.path)
@@ -82,8 +89,9 @@ def run_row(name, cands, rounds, iters, timer):
     # Bitwise: a second call equal to the first (determinism), and the chunked and one-chunk five-product equal.
     grads = {c: fns[c]() for c in cands}
     out["deterministic"] = {c: all(torch.equal(a, b) for a, b in zip(grads[c], fns[c]())) for c in cands}
-    if "five" in grads and "five-1chunk" in grads:
-        out["chunked_equal_one_chunk"] = all(torch.equal(a, b) for a, b in zip(grads["five"], grads["five-1chunk"]))
+    fives = [c for c in cands if candidate(c)[0] == "from-ds"]
+    if len(fives) > 1:  # every chunking bitwise the first
+        out["chunks_equal"] = {c: all(torch.equal(a, b) for a, b in zip(grads[fives[0]], grads[c])) for c in fives[1:]}
     if "five" in grads and "seven" in grads:
         out["dk_dv_equal_seven"] = all(torch.equal(a, b) for a, b in zip(grads["five"][1:], grads["seven"][1:]))
     # Oracle error on the first 1024 tokens.

@@ -17,6 +17,8 @@ from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_ea
 from test_attn_nan import _check_poisoned, _poisoned_run
 
 import fla_bwd.ops.attn.from_ds as from_ds
+import fla_bwd.ops.attn.host as host
+from fla_bwd.ops.attn import config
 from fla_bwd.ops.attn.config import tile_config
 from fla_bwd.settings import dkv_path, dq_path
 
@@ -46,8 +48,6 @@ class ChunkSpy:
     """Records the chunk of every backward (`from_ds.five_product_chunk`; None: seven products)."""
 
     def __init__(self, monkeypatch):
-        import fla_bwd.ops.attn.host as host
-
         self.chunks = []
         original = from_ds.five_product_chunk
 
@@ -78,12 +78,16 @@ _CHUNKED = Case(B=2, T=70, HQ=8, H=2, K=64, dtype=bf16, window=40) if DEVICE != 
     Case(B=2, T=900, HQ=16, H=2, K=128, dtype=bf16)
 
 
+@pytest.mark.parametrize("heads", [1, 2])
 @pytest.mark.parametrize("chunk", [4, 2, 1] if DEVICE != "cuda" else [8, 4, 2, 1])
-def test_chunks_are_bitwise_one_launch(chunk, monkeypatch):
-    """A budget that holds `chunk` query heads of every group: the same dq, dk, dv bitwise as one chunk of all
-    of them (and as a second call: determinism), and dk, dv bitwise the seven-product backward's."""
+def test_chunks_are_bitwise_one_launch(chunk, heads, monkeypatch):
+    """A budget that holds `chunk` query heads of every group, dK/dV launches of `heads` (or fewer) heads each: the
+    same dq, dk, dv bitwise as one chunk of all of them (and as a second call: determinism), and dk, dv bitwise the
+    seven-product backward's."""
     case = _CHUNKED
     x = make_inputs(case)
+    monkeypatch.setattr(config, "DS_HEADS_PER_LAUNCH", {True: heads, False: heads})
+    monkeypatch.setattr(host, "_PLANS", {})  # plans built at the other heads per launch
     spy = ChunkSpy(monkeypatch)
     with dq_path("from-ds"):
         whole = run_parallel(case, x)
@@ -145,14 +149,20 @@ def _shape(**kw):
     (dict(dtype=f16), 1),
     (dict(T=4096, W=4096, B=1), 1),
     (dict(T=1024, W=1024), None),  # shorter: host-bound, slower
-    (dict(H=8), None),  # GQA: slower as built
+    (dict(H=16), 2),  # GQA whose launches fill the GPU: faster (#42j)
+    (dict(H=8), 4),
+    (dict(B=1, T=8192, W=8192, H=4), 2),  # G8 T8192: two heads of each group fit the default budget
+    (dict(H=4), None),  # G8 B2 T2048: imbalanced, slower
+    (dict(B=1, T=4096, W=4096, H=4), None),
+    (dict(H=2), None),
     (dict(K=64, V=64), None),  # D = 64: slower
     (dict(W=512), None),  # windows: not measured faster
     (dict(g_dtype=f32), None),
     (dict(sink_dtype=f32), None),
     (dict(dtype=f32), None),
     (dict(T=8192, W=8192, B=1), None),  # dS tiles over the default budget: seven products, no error
-], ids=["mha", "fp16", "T4096", "T1024", "gqa", "D64", "window", "gate", "sink", "fp32", "over-budget"])
+], ids=["mha", "fp16", "T4096", "T1024", "g2", "g4", "g8-T8192", "g8-imbalanced", "g8-T4096", "g16", "D64", "window",
+        "gate", "sink", "fp32", "over-budget"])
 def test_auto_dispatch(kw, expected, monkeypatch):
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
@@ -165,15 +175,20 @@ def test_auto_dispatch(kw, expected, monkeypatch):
 
 
 def test_auto_runs_five_products_where_it_dispatches(monkeypatch):
-    """End to end through "auto" (the length threshold lowered to the interpreter's sizes): the five-product
-    backward runs and matches the oracle, while a GQA call of the same length keeps seven products."""
-    monkeypatch.setattr("fla_bwd.ops.attn.config.FIVE_PRODUCT_MIN_T", 64)
+    """End to end through "auto" (the length threshold lowered to the interpreter's sizes, and on the CPU one SM,
+    which these short calls keep busy): the five-product backward runs and matches the oracle for MHA and GQA, while
+    a call outside the rule (D = 64 on the CPU, load-imbalanced GQA on the GPU) keeps seven products."""
+    monkeypatch.setattr(config, "FIVE_PRODUCT_MIN_T", 64)
+    if DEVICE != "cuda":
+        monkeypatch.setattr(config, "sm_count", lambda device: 1)
     spy = ChunkSpy(monkeypatch)
-    mha = Case(B=2, T=70, HQ=2, H=2, K=128, dtype=bf16) if DEVICE != "cuda" else \
-        Case(B=1, T=2048, HQ=8, H=8, K=128, dtype=bf16)
+    mha, gqa = (Case(B=2, T=70, HQ=2, H=2, K=128, dtype=bf16), Case(B=1, T=90, HQ=4, H=2, K=128, dtype=bf16)) \
+        if DEVICE != "cuda" else (Case(B=1, T=2048, HQ=8, H=8, K=128, dtype=bf16),
+                                  Case(B=2, T=2048, HQ=16, H=8, K=128, dtype=bf16))
     check_against_oracle(mha)
+    check_against_oracle(gqa)
     run_parallel(CASES[0], make_inputs(CASES[0]))
-    assert spy.chunks == [1, None], spy.chunks
+    assert spy.chunks == [1, 2, None], spy.chunks
 
 
 @pytest.mark.parametrize("what", ["gate", "sink", "packed", "fp32", "head_dim", "dkv_path", "budget"])

@@ -45,10 +45,15 @@ TILE_CONFIGS = {
 # The dQ-from-dS kernel (`from_ds.py`; its tiles are the dK/dV kernel's): a memory-bound loop, deeper pipelined
 # (8 warps, 3 stages: 621 against 798 us at 4, 2 on g8-T8192, PERF.md #42).
 DQ_FROM_DS_LAUNCH = dict(num_warps=8, num_stages=3)
-# Where "auto" takes the five-product backward (`from_ds.five_product_chunk`): dense full-causal MHA at head dims
-# 65-128 from this length on. It won there on the H200 (mha-long 542 against 617 us, mha-T4096 884 against 1020);
-# GQA rows, D = 64 and windows lost, shorter rows are host-bound (PERF.md #42).
+# Where "auto" takes the five-product backward (`from_ds.five_product_chunk`): dense full-causal calls at head dims
+# 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`). They won there on the H200 (MHA
+# and GQA, PERF.md #42g, #42j); imbalanced GQA rows, D = 64 and windows lost, shorter rows are host-bound.
 FIVE_PRODUCT_MIN_T = 2048
+# Query heads of each group per dK/dV launch of the five-product backward, below T = 4096 and from there on: the
+# two-head (unrolled) launch saves an fp32 dK/dV round trip, which pays at T = 2048 and not at T = 8192 (#42j).
+DS_HEADS_PER_LAUNCH = {True: 2, False: 1}
+# SMs of the GPU the dispatch rules were measured on (H200): `sm_count` of a device that has none (the CPU).
+REFERENCE_SMS = 132
 # Under the CPU interpreter small tiles make the tests' short sequences cross every range of the loops.
 INTERPRETER_CONFIG = _tiles(32, 16, 4, 1)
 
@@ -78,18 +83,19 @@ DELTA_MODES = {
 }
 
 
-@functools.lru_cache(maxsize=256)
-def gqa_split(lengths: tuple, H: int, G: int, D: int, W: int, sms: int):
-    """The fewest programs (1, 2 or 4, below G) that can share a group's query heads in the KV-head-owned dK/dV
-    kernel and keep the GPU busy, or None (then the query-head-owned kernel balances better).
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The SMs of a CUDA device, else `REFERENCE_SMS`. Read once per device: the dispatch runs on every backward."""
+    if device.type != "cuda":
+        return REFERENCE_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
-    A program's longest run is the first key tile of the longest sequence: G / split times the query blocks that
-    tile sees. When that critical path is much longer than the average work per resident program, programs of
-    short tiles finish and leave SMs idle while it runs; splitting the heads shortens it at the price of fp32
-    partials and their sum. Counted in query-block iterations, with two resident programs per SM; below 64
-    iterations a split saves less kernel time than its extra launch costs the host (#23, #31).
-    """
-    cfg = tile_config("dkv", D)
+
+def _tile_work(lengths: tuple, H: int, G: int, D: int, W: int):
+    """(query-block iterations of the longest key tile for one query head, iterations of all tiles and heads) of the
+    KV-head-owned dK/dV kernel for sequences of these lengths, at the GPU's 16-bit tiles (also under the CPU
+    interpreter, so that the dispatch rules decide there as on the GPU)."""
+    cfg = TILE_CONFIGS[(True, D > 128)]["dkv"]
     BT, BS = cfg["BT"], cfg["BS"]
     ratio = BT // BS
     span = cdiv(BT + W - 1, BS)  # query blocks one key tile can see
@@ -99,8 +105,38 @@ def gqa_split(lengths: tuple, H: int, G: int, D: int, W: int, sms: int):
         seen = [min(blocks - i * ratio, span) for i in range(cdiv(length, BT))]
         total += H * G * sum(seen)
         longest = max(longest, seen[0] if seen else 0)
+    return longest, total
+
+
+def _balanced(critical: int, total: int, sms: int) -> bool:
+    """A launch's critical path (iterations of its longest program) within 1.25x the mean work per resident program
+    (two per SM, #23)."""
+    return critical <= 1.25 * total / (2 * sms)
+
+
+@functools.lru_cache(maxsize=256)
+def gqa_split(lengths: tuple, H: int, G: int, D: int, W: int, sms: int):
+    """The fewest programs (1, 2 or 4, below G) that can share a group's query heads in the KV-head-owned dK/dV
+    kernel and keep the GPU busy, or None (then the query-head-owned kernel balances better).
+
+    A program's longest run is the first key tile of the longest sequence: G / split times the query blocks that
+    tile sees. When that critical path is much longer than the average work per resident program, programs of
+    short tiles finish and leave SMs idle while it runs; splitting the heads shortens it at the price of fp32
+    partials and their sum. Counted in query-block iterations; below 64 iterations a split saves less kernel time
+    than its extra launch costs the host (#23, #31).
+    """
+    longest, total = _tile_work(lengths, H, G, D, W)
     for split in (1, 2, 4):
         critical = G // split * longest
-        if split < G and (critical <= 64 or critical <= 1.25 * total / (2 * sms)):
+        if split < G and (critical <= 64 or _balanced(critical, total, sms)):
             return split
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def group_fills_gpu(lengths: tuple, H: int, G: int, D: int, W: int, sms: int) -> bool:
+    """Whether programs that each run all G query heads of a group on one key tile keep the GPU busy (`gqa_split`'s
+    rule for one program per KV head). A launch of any fixed number of each group's heads, as the five-product
+    backward's, has the same ratio of critical path to mean work, so the rule holds for it too."""
+    longest, total = _tile_work(lengths, H, G, D, W)
+    return _balanced(G * longest, total, sms)

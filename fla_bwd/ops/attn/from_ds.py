@@ -7,23 +7,25 @@ exact values its dK product reads), and a dQ kernel reads them back: dq_i = scal
 tile, summed in a fixed order (deterministic, no atomics). In order:
 
 1. `delta_kernel`: delta = rowsum(o * dO) (fp32), which the dK/dV kernel needs before it runs;
-2. per chunk of query heads (`ds_chunk`): the dK/dV kernel with STORE_DS over those heads of every group,
-   carrying fp32 dK/dV sums from chunk to chunk (bitwise the sums of one launch: the same additions in the same
-   order), then `parallel_attn_bwd_kernel_dq_from_ds` for the chunk's dq rows.
+2. per chunk of query heads (`ds_chunk`): the dK/dV kernel with STORE_DS over those heads of every group, one or
+   two heads a launch (`config.DS_HEADS_PER_LAUNCH`), carrying fp32 dK/dV sums from launch to launch (bitwise the
+   sums of one launch: the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the
+   chunk's dq rows.
 
 Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk) a band of NTILE tiles; tile
 (query block qi of BQ rows, key tile kj of BT keys) for every key tile that qi sees, in query-block order and then
 key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/dV kernel holds it). With a window
 only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT.
 
-Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no gate, no sink. "auto" takes it only for long
-dense MHA, where it measured faster; as built it loses on GQA rows (the dS store slows the KV-head-owned kernel more
-than the dQ recompute it saves, PERF.md #42), so there it runs only when asked for (`five_product_chunk`). The dS
-store goes through a device-side tensor descriptor (a bulk copy from shared memory): per-element pointer stores cost
-more (#42).
+Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no gate, no sink. "auto" takes it where it
+measured faster (`five_product_chunk`): long full-causal MHA and GQA whose launches keep the GPU busy; imbalanced
+GQA calls, windows and D = 64 lost (PERF.md #42). The dS store goes through a device-side tensor descriptor (a bulk
+copy from shared memory): per-element pointer stores cost more (#42c). A launch runs at most two heads of each
+group: with a head loop around the store the dK/dV kernel spilled 5x more at run time (#42i).
 """
 
 import functools
+import math
 from typing import Optional
 
 import torch
@@ -159,15 +161,17 @@ def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int) -> Opt
 
 
 def _auto_takes(s) -> bool:
-    """Whether "auto" runs this (eligible, dense) call with five products: where it measured faster (`config`)."""
-    return (s.HQ == s.H and 64 < max(s.K, s.V) <= 128 and s.W >= s.T
-            and s.T >= config.FIVE_PRODUCT_MIN_T)
+    """Whether "auto" runs this (eligible, dense) call with five products: where it measured faster (`config`):
+    full causal, head dims 65-128, long enough, and launches that keep the GPU busy."""
+    D = max(s.K, s.V)
+    return (64 < D <= 128 and s.W >= s.T and s.T >= config.FIVE_PRODUCT_MIN_T
+            and config.group_fills_gpu((s.T,) * s.B, s.H, s.HQ // s.H, D, s.W, config.sm_count(s.device)))
 
 
 def five_product_chunk(s, dense: bool) -> Optional[int]:
     """The chunk of a backward of Shape s, or None for the seven-product backward (settings read now).
 
-    "auto": five products only where they measured faster (`_auto_takes`: long dense MHA), with no other dK/dV
+    "auto": five products only where they measured faster (`_auto_takes`: long dense balanced calls), no other dK/dV
     kernel forced and the dS tiles within the budget; else seven. Asked for (`settings.dq_path("from-ds")`,
     FLA_BWD_DQ_PATH=from-ds), a call it cannot run raises ValueError rather than falling back: another forced dK/dV
     kernel, a call outside `eligible`, packed sequences, or a budget (`settings.ds_budget_bytes`) too small for
@@ -195,10 +199,11 @@ def five_product_chunk(s, dense: bool) -> Optional[int]:
 
 
 def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
-    """Add delta, then per chunk the dK/dV launch (`add_dkv_launch(plan, s, out, **launch args)`: host.py's, which
-    adds the buffers and containment) and the dQ-from-dS launch, to `plan`. Buffers: "dq", "delta", "ds" (the chunk's
-    tiles, reused by every chunk), and two fp32 dK/dV sum buffers when there are several chunks (ping-pong: a
-    FIXUP launch re-reads the sums its FLAG launch started from)."""
+    """Add delta, then per chunk its dK/dV launches (`add_dkv_launch(plan, s, out, **launch args)`: host.py's, which
+    adds the buffers and containment; `config.DS_HEADS_PER_LAUNCH` query heads of each group a launch) and the
+    dQ-from-dS launch, to `plan`. Buffers: "dq", "delta", "ds" (the chunk's tiles, reused by every chunk), and two
+    fp32 dK/dV sum buffers when there are several launches (ping-pong: a FIXUP launch re-reads the sums its FLAG
+    launch started from)."""
     G = s.HQ // s.H
     cfg = tile_config("dkv", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
@@ -214,17 +219,19 @@ def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
     ntile = ds_layout(s.T, s.W, BQ, BT)
     bands = s.B * s.H * chunk
     ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
-    chunks = G // chunk
-    # (dk, dv) fp32 sum pairs: chunk c writes pair c % 2 and the next chunk reads it.
+    heads = math.gcd(chunk, config.DS_HEADS_PER_LAUNCH[s.T < 4096])
+    launches = G // heads
+    # (dk, dv) fp32 sum pairs: launch n writes pair n % 2 and the next launch reads it.
     sums = [(plan.empty(f"dk_sum{i}", (s.B, s.T, s.H, s.K), torch.float32),
-             plan.empty(f"dv_sum{i}", (s.B, s.T, s.H, s.V), torch.float32)) for i in range(min(chunks - 1, 2))]
-    for c in range(chunks):
-        last = c == chunks - 1
-        dk_in, dv_in = sums[(c - 1) % 2] if c > 0 else (None, None)
-        add_dkv_launch(plan, s, None if last else sums[c % 2], ds=ds, NTILE=ntile, G0=c * chunk, CHUNK=chunk,
-                       dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
-        if s.T:
+             plan.empty(f"dv_sum{i}", (s.B, s.T, s.H, s.V), torch.float32)) for i in range(min(launches - 1, 2))]
+    for n in range(launches):
+        last = n == launches - 1
+        dk_in, dv_in = sums[(n - 1) % 2] if n > 0 else (None, None)
+        add_dkv_launch(plan, s, None if last else sums[n % 2], ds=ds, NTILE=ntile, G0=n * heads, CHUNK=chunk,
+                       HEADS=heads, dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
+        done = (n + 1) * heads  # query heads of each group whose dS tiles are stored
+        if done % chunk == 0 and s.T:  # a whole chunk: its dq rows
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, BQ) * bands,), k=Ref("k"), ds=ds,
-                        dq=dq, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=c * chunk, HQ=s.HQ, H=s.H, G=G,
+                        dq=dq, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=done - chunk, HQ=s.HQ, H=s.H, G=G,
                         CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)), NUM_BANDS=bands,
                         **DQ_FROM_DS_LAUNCH)

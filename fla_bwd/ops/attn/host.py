@@ -238,7 +238,7 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
     dv = plan.empty("dv_part" if split else "dv", (s.B, s.T, NH, s.V), acc_dtype)
     _, NT, args = _common(plan, s, tiles, "dkv")
     if kernel.per_kv_head:
-        extra.update(ds=None, dk_in=None, dv_in=None, NTILE=None, G0=None, CHUNK=None, ACC_OUT=False)
+        extra.update(ds=None, dk_in=None, dv_in=None, NTILE=None, G0=None, CHUNK=None, HEADS=None, ACC_OUT=False)
     sink = s.sink_dtype is not None
     dsink = None
     if sink:

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from fla_bwd import settings
-from fla_bwd.ops.attn.config import gqa_split
+from fla_bwd.ops.attn.config import gqa_split, sm_count
 from fla_bwd.ops.attn.inner import (
     FIXUP,
     FLAG,
@@ -274,7 +274,7 @@ def _dkv_heads(
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
     then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`). STORE_DS: head
     i_hq0 + i stores its dS tiles into band ds_slot0 + i of the descriptor `ds` (NTILE tiles a band, `from_ds.py`).
-    ACC_IN: start from the fp32 sums in dk_in, dv_in (the heads of earlier chunks) instead of zeros."""
+    ACC_IN: start from the fp32 sums in dk_in, dv_in (the heads of earlier launches) instead of zeros."""
     qbos = bos
     if TAIL_Q:
         qbos = _tail_row0(bos, T, Q0)
@@ -283,7 +283,8 @@ def _dkv_heads(
     else:
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
         b_dv = tl.zeros([BT, BV], dtype=tl.float32)
-    for i_g in range(NUM_HEADS):
+    # Unrolled with the dS store: there a runtime head loop made the loops spill 5x more at run time (PERF.md #42i).
+    for i_g in tl.range(0, NUM_HEADS, loop_unroll_factor=NUM_HEADS if STORE_DS else None):
         i_hq = i_hq0 + i_g
         row_base = i_hq.to(tl.int64) * NTOK + bos
         g_base, dgk_base, b_gk = g_cumsum, dgc_k, 0.0
@@ -394,7 +395,7 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
-    ACC_OUT: tl.constexpr, CHUNK: tl.constexpr,
+    ACC_OUT: tl.constexpr, CHUNK: tl.constexpr, HEADS: tl.constexpr,
 ):
     """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
     loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
@@ -405,9 +406,10 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     busy with one program per KV head (the dispatch rule is `config.gqa_split`). With a sink, program 0 also
     completes dsink (`_sum_dsink`).
 
-    The five-product backward (`from_ds.py`; dense, SPLIT 1, no gate or sink) launches it once per chunk of CHUNK
-    query heads of every group, heads [G0, G0 + CHUNK): each program also stores its dS tiles (STORE_DS), starts
-    from the earlier chunks' fp32 sums (ACC_IN) and, but for the last chunk, stores fp32 sums unscaled (ACC_OUT)."""
+    The five-product backward (`from_ds.py`; dense, SPLIT 1, no gate or sink) launches it for HEADS query heads of
+    every group at a time, heads [G0, G0 + HEADS) of a chunk of CHUNK heads whose dS tiles share one buffer: each
+    program also stores its dS tiles (STORE_DS), starts from the earlier launches' fp32 sums (ACC_IN) and, but for
+    the last launch, stores fp32 sums unscaled (ACC_OUT)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     tl.static_assert(not STORE_DS or (SPLIT == 1 and not (USE_G or USE_SINK or IS_VARLEN or TAIL_Q)),
@@ -421,14 +423,15 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     ds_slot0 = 0
     if STORE_DS:
         i_hq0 += G0
-        ds_slot0 = (bos // T * H + i_part) * CHUNK  # band of the chunk's first head: (batch, KV head, head in chunk)
+        # The band of this launch's first head: (batch, KV head, head in chunk).
+        ds_slot0 = (bos // T * H + i_part) * CHUNK + G0 % CHUNK
         # One [B * H * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `from_ds.ds_chunk`).
         ds = tl.make_tensor_descriptor(ds, shape=[B * (H * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
                                        block_shape=[BT, BS])
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale,
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
-        W=W, NTOK=NTOK, NTILE=NTILE, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=CHUNK if STORE_DS else G // SPLIT,
+        W=W, NTOK=NTOK, NTILE=NTILE, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS if STORE_DS else G // SPLIT,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q,
         STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT)
     if USE_SINK and CONTAIN != FIXUP:
@@ -495,14 +498,8 @@ def dkv_kernel_for(B: int, T: int, HQ: int, H: int, K: int, V: int, dtype: torch
         return PER_QUERY_HEAD
     if device.type != "cuda":
         return _BY_NAME["gqa"]
-    split = gqa_split(lengths, H, G, K, W, _sm_count(device.index))
+    split = gqa_split(lengths, H, G, K, W, sm_count(device))
     return PER_QUERY_HEAD if split is None else DkvKernel(True, split)
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    # Read once per device: the dispatch runs on every backward call.
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 # ----------------------------------------------------------------------------------------------------------------
