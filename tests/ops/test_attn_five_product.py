@@ -183,7 +183,7 @@ def test_auto_runs_five_products_where_it_dispatches(monkeypatch):
         monkeypatch.setattr(config, "sm_count", lambda device: 1)
     spy = ChunkSpy(monkeypatch)
     mha, gqa = (Case(B=2, T=70, HQ=2, H=2, K=128, dtype=bf16), Case(B=1, T=90, HQ=4, H=2, K=128, dtype=bf16)) \
-        if DEVICE != "cuda" else (Case(B=1, T=2048, HQ=8, H=8, K=128, dtype=bf16),
+        if DEVICE != "cuda" else (Case(B=1, T=2048, HQ=16, H=16, K=128, dtype=bf16),
                                   Case(B=2, T=2048, HQ=16, H=8, K=128, dtype=bf16))
     check_against_oracle(mha)
     check_against_oracle(gqa)
