@@ -86,7 +86,7 @@ def test_chunks_are_bitwise_one_launch(chunk, heads, monkeypatch):
     seven-product backward's."""
     case = _CHUNKED
     x = make_inputs(case)
-    monkeypatch.setattr(config, "DS_HEADS_PER_LAUNCH", {True: heads, False: heads})
+    monkeypatch.setattr(config, "DS_TWO_HEADS_BELOW_T", 2**31 if heads == 2 else 0)
     monkeypatch.setattr(host, "_PLANS", {})  # plans built at the other heads per launch
     spy = ChunkSpy(monkeypatch)
     with dq_path("from-ds"):

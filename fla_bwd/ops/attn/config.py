@@ -49,9 +49,9 @@ DQ_FROM_DS_LAUNCH = dict(num_warps=8, num_stages=3)
 # 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`). They won there on the H200 (MHA
 # and GQA, PERF.md #42g, #42j); imbalanced GQA rows, D = 64 and windows lost, shorter rows are host-bound.
 FIVE_PRODUCT_MIN_T = 2048
-# Query heads of each group per dK/dV launch of the five-product backward, below T = 4096 and from there on: the
-# two-head (unrolled) launch saves an fp32 dK/dV round trip, which pays at T = 2048 and not at T = 8192 (#42j).
-DS_HEADS_PER_LAUNCH = {True: 2, False: 1}
+# The five-product backward's dK/dV launches run two query heads of each group (unrolled) below this length, one from
+# it on: the second head saves an fp32 dK/dV round trip, which paid at T = 2048 and not at T = 8192 (#42j).
+DS_TWO_HEADS_BELOW_T = 4096
 # SMs of the GPU the dispatch rules were measured on (H200): `sm_count` of a device that has none (the CPU).
 REFERENCE_SMS = 132
 # Under the CPU interpreter small tiles make the tests' short sequences cross every range of the loops.

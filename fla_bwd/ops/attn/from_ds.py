@@ -8,7 +8,7 @@ tile, summed in a fixed order (deterministic, no atomics). In order:
 
 1. `delta_kernel`: delta = rowsum(o * dO) (fp32), which the dK/dV kernel needs before it runs;
 2. per chunk of query heads (`ds_chunk`): the dK/dV kernel with STORE_DS over those heads of every group, one or
-   two heads a launch (`config.DS_HEADS_PER_LAUNCH`), carrying fp32 dK/dV sums from launch to launch (bitwise the
+   two heads a launch (`config.DS_TWO_HEADS_BELOW_T`), carrying fp32 dK/dV sums from launch to launch (bitwise the
    sums of one launch: the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the
    chunk's dq rows.
 
@@ -200,7 +200,7 @@ def five_product_chunk(s, dense: bool) -> Optional[int]:
 
 def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
     """Add delta, then per chunk its dK/dV launches (`add_dkv_launch(plan, s, out, **launch args)`: host.py's, which
-    adds the buffers and containment; `config.DS_HEADS_PER_LAUNCH` query heads of each group a launch) and the
+    adds the buffers and containment; one or two query heads of each group a launch, `config`) and the
     dQ-from-dS launch, to `plan`. Buffers: "dq", "delta", "ds" (the chunk's tiles, reused by every chunk), and two
     fp32 dK/dV sum buffers when there are several launches (ping-pong: a FIXUP launch re-reads the sums its FLAG
     launch started from)."""
@@ -219,7 +219,7 @@ def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
     ntile = ds_layout(s.T, s.W, BQ, BT)
     bands = s.B * s.H * chunk
     ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
-    heads = math.gcd(chunk, config.DS_HEADS_PER_LAUNCH[s.T < 4096])
+    heads = math.gcd(chunk, 2 if s.T < config.DS_TWO_HEADS_BELOW_T else 1)
     launches = G // heads
     # (dk, dv) fp32 sum pairs: launch n writes pair n % 2 and the next launch reads it.
     sums = [(plan.empty(f"dk_sum{i}", (s.B, s.T, s.H, s.K), torch.float32),
