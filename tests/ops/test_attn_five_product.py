@@ -51,8 +51,8 @@ class ChunkSpy:
         self.chunks = []
         original = from_ds.five_product_chunk
 
-        def spy(s, dense):
-            chunk = original(s, dense)
+        def spy(*args):
+            chunk = original(*args)
             self.chunks.append(chunk)
             return chunk
 
@@ -166,12 +166,12 @@ def _shape(**kw):
 def test_auto_dispatch(kw, expected, monkeypatch):
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
-    assert from_ds.five_product_chunk(_shape(**kw), dense=True) == expected
-    assert from_ds.five_product_chunk(_shape(**kw), dense=False) is None  # packed: seven products
-    with dkv_path("per-query-head"):  # another dK/dV kernel asked for: seven products
-        assert from_ds.five_product_chunk(_shape(**kw), dense=True) is None
+    assert from_ds.five_product_chunk(_shape(**kw), True, "auto") == expected
+    assert from_ds.five_product_chunk(_shape(**kw), False, "auto") is None  # packed: seven products
+    # another dK/dV kernel asked for: seven products
+    assert from_ds.five_product_chunk(_shape(**kw), True, "per-query-head") is None
     with dq_path("recompute"):
-        assert from_ds.five_product_chunk(_shape(**kw), dense=True) is None
+        assert from_ds.five_product_chunk(_shape(**kw), True, "auto") is None
 
 
 def test_auto_runs_five_products_where_it_dispatches(monkeypatch):

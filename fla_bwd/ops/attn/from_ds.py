@@ -168,8 +168,9 @@ def _auto_takes(s) -> bool:
             and config.group_fills_gpu((s.T,) * s.B, s.H, s.HQ // s.H, D, s.W, config.sm_count(s.device)))
 
 
-def five_product_chunk(s, dense: bool) -> Optional[int]:
-    """The chunk of a backward of Shape s, or None for the seven-product backward (settings read now).
+def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[int]:
+    """The chunk of a backward of Shape s, or None for the seven-product backward (settings read now;
+    `forced_dkv` is the caller's `settings.forced_dkv_path()`).
 
     "auto": five products only where they measured faster (`_auto_takes`: long dense balanced calls), no other dK/dV
     kernel forced and the dS tiles within the budget; else seven. Asked for (`settings.dq_path("from-ds")`,
@@ -181,12 +182,12 @@ def five_product_chunk(s, dense: bool) -> Optional[int]:
         return None
     runnable = dense and eligible(s)
     if forced == "auto":
-        if not (runnable and _auto_takes(s) and settings.forced_dkv_path() == "auto"):
+        if not (runnable and forced_dkv == "auto" and _auto_takes(s)):
             return None
         return ds_chunk(s.B, s.T, s.H, s.HQ // s.H, s.W, max(s.K, s.V), settings.ds_budget_bytes())
-    if settings.forced_dkv_path() not in ("auto", "gqa"):
+    if forced_dkv not in ("auto", "gqa"):
         raise ValueError(f"dq path 'from-ds' runs the KV-head-owned dK/dV kernel ('gqa'); dK/dV path "
-                         f"{settings.forced_dkv_path()!r} is forced too")
+                         f"{forced_dkv!r} is forced too")
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v, head dims up to 128, no gate and no sink")

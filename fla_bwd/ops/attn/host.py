@@ -311,7 +311,8 @@ def _delta_mode(s: Shape) -> str:
     return "exact" if s.sink_dtype is not None else "refine" if s.g_dtype is not None else "rounded"
 
 
-def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: DkvKernel, chunk: Optional[int]) -> Plan:
+def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: Optional[DkvKernel],
+                    chunk: Optional[int]) -> Plan:
     plan = _new_plan(s)
     if chunk is not None:
         add_five_product_backward(plan, s, chunk, add_dkv_chunk)
@@ -328,11 +329,12 @@ def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: DkvKernel, c
     return _finish(plan)
 
 
-def dkv_kernel(call: Call) -> DkvKernel:
-    """The dK/dV kernel of this call's backward (`parallel.dkv_kernel_for`, settings read now)."""
+def dkv_kernel(call: Call, forced: str) -> DkvKernel:
+    """The dK/dV kernel of this call's seven-product backward (`parallel.dkv_kernel_for`; `forced`:
+    `settings.forced_dkv_path()`)."""
     s = call.shape
     return dkv_kernel_for(s.B, s.T, s.HQ, s.H, s.K, s.V, s.dtype, s.device, s.W,
-                          sequence_lengths(s.B, s.T, call.tiles), settings.forced_dkv_path())
+                          sequence_lengths(s.B, s.T, call.tiles), forced)
 
 
 def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,
@@ -341,8 +343,9 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
     (`forward` returns it); without it (the custom-op path) it is made again from the inputs."""
     if call is None:
         call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-    kernel = dkv_kernel(call)
-    chunk = five_product_chunk(call.shape, call.tiles is None)
+    forced_dkv = settings.forced_dkv_path()
+    chunk = five_product_chunk(call.shape, call.tiles is None, forced_dkv)
+    kernel = dkv_kernel(call, forced_dkv) if chunk is None else None  # five products launch their own dK/dV kernel
     # The setting is read again here (it may change between a forward and its backward); the plan's Shape keeps the
     # forward's, which only keys plans: `contain_inline` reads the setting when the plan is built.
     plan = _plan((call.key, kernel, chunk, aligned(do), settings.forced_containment()), _build_backward, call.shape,
