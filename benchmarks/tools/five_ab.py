@@ -5,7 +5,10 @@ interleaved rounds, medians), per-kernel times, oracle error and bitwise checks,
     python -m benchmarks.tools.five_ab --rows g8-T8192,gqa4-long --json out.json
 
 Candidates: "seven" (FLA_BWD_DQ_PATH=recompute), "five" (from-ds at the default dS budget), "five-1chunk"
-(from-ds with a budget large enough for one chunk) and "five@N" (from-ds at a budget of N MiB: smaller chunks). The
+(from-ds with a budget large enough for one chunk) and "five@N" (from-ds at a budget of N MiB: smaller chunks), each
+optionally with knobs of the dQ-from-dS launch: "+wN" (num_warps N), "+sN" (num_stages N), "+rN" (maxnreg N),
+e.g. "five+w8+r128".
+The
 results of issue 18's runs are in benchmarks/results/five-product/ (runs 1-3 and 10-11 used experiment switches,
 FLA_BWD_EXP_*, since removed: PERF.md #42 says which variant each was).
 """
@@ -23,7 +26,7 @@ from benchmarks.ops.shapes import Shape
 from benchmarks.ops.timing import Timer, interleaved
 from benchmarks.tools.tune_attn import kernel_times, make_inputs, ratio
 from fla_bwd import settings
-from fla_bwd.ops.attn import naive_parallel_attn, parallel_attn
+from fla_bwd.ops.attn import config, host, naive_parallel_attn, parallel_attn
 
 # The registry's rows, and the dense G8 T16384 of issue 18's memory bar.
 SHAPES = dict({s.name: s for s in _SHAPES}, **{"g8-T16384": Shape("g8-T16384", 1, 16384, 32, 4, 128, 128),
@@ -34,17 +37,38 @@ CANDIDATES = {"seven": ("recompute", None), "five": ("from-ds", None), "five-1ch
 
 
 def candidate(name):
-    """(dq path, dS budget in MiB or None) of a candidate: one of CANDIDATES, or "five@N" (from-ds at N MiB)."""
+    """(dq path, dS budget in MiB or None) of a candidate: one of CANDIDATES, or "five@N" (from-ds at N MiB), before
+    any "+knob"."""
+    name = name.split("+")[0]
     if name.startswith("five@"):
         return "from-ds", name[len("five@"):]
     return CANDIDATES[name]
 
 
+def knobs(name) -> dict:
+    """The `config` entries a candidate's "+knob"s set."""
+    launch = dict(config.DQ_FROM_DS_LAUNCH)
+    out = {}
+    for knob in name.split("+")[1:]:
+        if knob[:1] in ("w", "s", "r") and knob[1:].isdigit():
+            launch[{"w": "num_warps", "s": "num_stages", "r": "maxnreg"}[knob[0]]] = int(knob[1:])
+        else:
+            raise ValueError(f"unknown knob {knob!r} in candidate {name!r}")
+    if launch != config.DQ_FROM_DS_LAUNCH:
+        out["DQ_FROM_DS_LAUNCH"] = launch
+    return out
+
+
+_PLAN_CACHES: dict = {}  # candidate -> host plan cache: plans are built with the candidate's knobs
+
+
 class _Env:
-    """dq path and budget for a block."""
+    """dq path, budget and knobs for a block."""
 
     def __init__(self, cand):
         self.path, self.budget = candidate(cand)
+        self.knobs = knobs(cand)
+        self.plans = _PLAN_CACHES.setdefault(cand, {})
 
     def __enter__(self):
         self.ctx = settings.dq_path(self.path)
@@ -52,8 +76,15 @@ class _Env:
         self.old = os.environ.pop("FLA_BWD_DS_BUDGET_MIB", None)
         if self.budget is not None:
             os.environ["FLA_BWD_DS_BUDGET_MIB"] = self.budget
+        self.saved = {k: getattr(config, k) for k in self.knobs}
+        for k, v in self.knobs.items():
+            setattr(config, k, v)
+        self.saved_plans, host._PLANS = host._PLANS, self.plans
 
     def __exit__(self, *exc):
+        host._PLANS = self.saved_plans
+        for k, v in self.saved.items():
+            setattr(config, k, v)
         os.environ.pop("FLA_BWD_DS_BUDGET_MIB", None)
         if self.old is not None:
             os.environ["FLA_BWD_DS_BUDGET_MIB"] = self.old
@@ -90,7 +121,7 @@ def run_row(name, cands, rounds, iters, timer):
     grads = {c: fns[c]() for c in cands}
     out["deterministic"] = {c: all(torch.equal(a, b) for a, b in zip(grads[c], fns[c]())) for c in cands}
     fives = [c for c in cands if candidate(c)[0] == "from-ds"]
-    if len(fives) > 1:  # every chunking bitwise the first
+    if len(fives) > 1:  # every chunking and knob bitwise the first
         out["chunks_equal"] = {c: all(torch.equal(a, b) for a, b in zip(grads[fives[0]], grads[c])) for c in fives[1:]}
     if "five" in grads and "seven" in grads:
         out["dk_dv_equal_seven"] = all(torch.equal(a, b) for a, b in zip(grads["five"][1:], grads["seven"][1:]))

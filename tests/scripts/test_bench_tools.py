@@ -130,3 +130,24 @@ def test_profile_host_smoke_run(tmp_path):
     assert "+g" in rec["rows"]["gqa4-short-gated"]["ours"]["call"]
     assert "enable_gqa=True" in rec["rows"]["gqa4-short-sink"]["sdpa_fa2"]["call"]
     assert run("profile_host.py", "--rows", "nope").returncode == 2
+
+
+def test_five_ab_knobs_set_and_restore_the_dq_launch():
+    """five_ab.py's "+wN/+sN/+rN" candidates: parsed into the dQ-from-dS launch config, set inside the block with a
+    plan cache of their own, and the config and the package's plan cache restored after it."""
+    from benchmarks.tools import five_ab
+    from fla_bwd.ops.attn import config, host
+
+    default = dict(config.DQ_FROM_DS_LAUNCH)
+    assert five_ab.knobs("five") == {}
+    assert five_ab.candidate("five@64+w8") == ("from-ds", "64")
+    assert five_ab.knobs("five+w8+s4+r128") == {
+        "DQ_FROM_DS_LAUNCH": dict(default, num_warps=8, num_stages=4, maxnreg=128)}
+    with pytest.raises(ValueError, match="unknown knob 'pair'"):
+        five_ab.knobs("five+pair")
+    plans = host._PLANS
+    with five_ab._Env("five+w8"):
+        assert config.DQ_FROM_DS_LAUNCH["num_warps"] == 8
+        assert host._PLANS is not plans
+    assert config.DQ_FROM_DS_LAUNCH == default
+    assert host._PLANS is plans

@@ -42,9 +42,9 @@ TILE_CONFIGS = {
         "dkv": _tiles(32, 32, 4, 2),  # same limit (#9)
     },
 }
-# The dQ-from-dS kernel (`from_ds.py`; its tiles are the dK/dV kernel's): a memory-bound loop, deeper pipelined
-# (8 warps, 3 stages: 621 against 798 us at 4, 2 on g8-T8192, PERF.md #42).
-DQ_FROM_DS_LAUNCH = dict(num_warps=8, num_stages=3)
+# The dQ-from-dS kernel (`from_ds.py`; its tiles are the dK/dV kernel's, two query blocks a program): a memory-bound
+# loop, 3 stages deep; 4 warps: 622 against 819 us at 8 on g8-T8192 (PERF.md #42d, #42l).
+DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
 # Where "auto" takes the five-product backward (`from_ds.five_product_chunk`): dense full-causal calls at head dims
 # 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`). They won there on the H200 (MHA
 # and GQA, PERF.md #42g, #42j); imbalanced GQA rows, D = 64 and windows lost, shorter rows are host-bound.

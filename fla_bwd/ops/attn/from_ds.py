@@ -34,7 +34,7 @@ import triton.language as tl
 
 from fla_bwd import settings
 from fla_bwd.ops.attn import config
-from fla_bwd.ops.attn.config import DQ_FROM_DS_LAUNCH, tile_config
+from fla_bwd.ops.attn.config import tile_config
 from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows
 from fla_bwd.ops.utils.launch import Ref
 from fla_bwd.utils import cdiv, next_power_of_2
@@ -83,21 +83,43 @@ def delta_kernel(o, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr, BR: t
 
 
 @triton.jit
-def _dq_ds_block(b_dq, ds_base, k_base, i_tile, i_s, T, stride_k, K: tl.constexpr, BT: tl.constexpr,
-                 BQ: tl.constexpr, BK: tl.constexpr, MASK: tl.constexpr):
-    """dq += dS K for key tile [i_s, i_s + BT), from its stored [BT, BQ] dS^T tile i_tile. MASK: a tile some rows
-    of the block do not see whole (diagonal, window edge, sequence end): there the stored dS is 0 where a row
-    cannot see a key, and a non-finite K row would make 0 * Inf = NaN, so bad K rows are zeroed (the rows that
-    see them already hold NaN in dS, see `inner.finite_rows`)."""
+def _dq_ds_edge_block(b_dq, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exists, W, BT: tl.constexpr,
+                      BQ: tl.constexpr):
+    """dq += dS K for query block qi and key tile i_j, which qi may see in part (window edge, diagonal: masked) or
+    not at all (outside [lo, hi], or no block qi: its dS loads as 0 and adds exactly 0). b_kf is b_k with its
+    non-finite rows zeroed, for the masked and unseen tiles: there the stored dS is 0 where a row cannot see a key,
+    and 0 * Inf = NaN would reach rows that do not depend on it (the rows that see a bad key already hold NaN in
+    dS, see `inner.finite_rows`); a tile qi sees whole multiplies b_k itself."""
     o_r = tl.arange(0, BT)
     o_c = tl.arange(0, BQ)
+    seen = exists & (i_j >= lo) & (i_j <= hi)
+    i_tile = ds_tile_index(qi, i_j, W, BQ=BQ, BT=BT)
     # [BT, BQ]
-    b_dst = tl.load(ds_base + i_tile * (BT * BQ) + o_r[:, None] * BQ + o_c[None, :])
+    b_dst = tl.load(ds_base + i_tile * (BT * BQ) + o_r[:, None] * BQ + o_c[None, :],
+                    mask=o_r[:, None] < tl.where(seen, BT, 0), other=0)
+    whole = (i_j >= mid) & (i_j < hi)
+    return b_dq + tl.dot(tl.trans(b_dst), tl.where(whole, b_k, b_kf))
+
+
+@triton.jit
+def _dq_ds_edge(b_dqa, b_dqb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T, W,
+                stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr):
+    """Key tile i_j for query blocks qa and qa + 1 where at least one of them does not see it whole."""
     # [BT, BK]
-    b_k = load_rows(k_base, i_s + o_r, T, stride_k, N=K, BN=BK, FULL=not MASK)
-    if MASK:
-        b_k, _ = finite_rows(b_k)
-    return b_dq + tl.dot(tl.trans(b_dst), b_k)
+    b_k = load_rows(k_base, i_j * BT + tl.arange(0, BT), T, stride_k, N=K, BN=BK, FULL=False)
+    b_kf, _ = finite_rows(b_k)
+    b_dqa = _dq_ds_edge_block(b_dqa, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a, True, W, BT=BT, BQ=BQ)
+    b_dqb = _dq_ds_edge_block(b_dqb, ds_base, b_k, b_kf, qa + 1, i_j, lo_b, mid_b, hi_b, b_exists, W, BT=BT, BQ=BQ)
+    return b_dqa, b_dqb
+
+
+@triton.jit
+def _key_ranges(t0, W, BT: tl.constexpr, BQ: tl.constexpr):
+    """(lo, mid, hi) of the query block at t0: it sees key tiles lo..hi, [lo, mid) in part (window edge), [mid, hi)
+    whole, hi (the diagonal) in part."""
+    lo = tl.maximum(t0 - W + 1, 0) // BT
+    hi = t0 // BT
+    return lo, tl.maximum(lo, tl.minimum(tl.cdiv(tl.maximum(t0 + BQ - W, 0), BT), hi)), hi
 
 
 @triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
@@ -106,35 +128,57 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
     BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_BANDS: tl.constexpr,
 ):
-    """dq of one query block (BQ rows) of one query head of the chunk [G0, G0 + CHUNK) of every group, from its
-    stored dS tiles (NUM_BANDS = B * H * CHUNK bands of NTILE tiles). The key tiles go in three ranges as in the
-    other kernels: window edge (masked), fully visible, the diagonal tile (masked)."""
+    """dq of two consecutive query blocks a and b (BQ rows each) of one query head of the chunk [G0, G0 + CHUNK) of
+    every group, from their stored dS tiles (NUM_BANDS = B * H * CHUNK bands of NTILE tiles). Each key tile is
+    loaded once for both blocks (the K reads through L2 were the kernel's limit, PERF.md #42l); each block's sum
+    runs over its tiles in key order, the same additions as one block a program. Key tiles go in three ranges: the
+    window edge (either block sees it in part), the tiles both see whole, the diagonals."""
     i_band = tl.program_id(0) % NUM_BANDS
-    i_q = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
+    i_p = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
     i_b, i_h, i_c = i_band // (H * CHUNK), i_band // CHUNK % H, i_band % CHUNK
     i_hq = i_h * G + G0 + i_c
     bos = i_b.to(tl.int64) * T
-    t0 = i_q * BQ
-    lo = tl.maximum(t0 - W + 1, 0) // BT
-    hi = t0 // BT  # the diagonal tile
-    mid = tl.maximum(lo, tl.minimum(tl.cdiv(tl.maximum(t0 + BQ - W, 0), BT), hi))
+    qa = 2 * i_p
+    ta = qa * BQ
+    lo_a, mid_a, hi_a = _key_ranges(ta, W, BT=BT, BQ=BQ)
+    lo_b, mid_b, hi_b = _key_ranges(ta + BQ, W, BT=BT, BQ=BQ)
+    b_exists = ta + BQ < T
     ds_base = ds + i_band.to(tl.int64) * NTILE * (BT * BQ)
     k_base = k + (bos * H + i_h) * K
-    i_tile = ds_tile_index(i_q, lo, W, BQ=BQ, BT=BT)
+    o_r = tl.arange(0, BT)
+    o_c = tl.arange(0, BQ)
     # [BQ, BK]
-    b_dq = tl.zeros([BQ, BK], dtype=tl.float32)
-    for i_j in range(lo, mid):
-        b_dq = _dq_ds_block(b_dq, ds_base, k_base, i_tile + (i_j - lo), i_j * BT, T, H * K, K=K, BT=BT, BQ=BQ, BK=BK,
-                            MASK=True)
-    for i_j in range(mid, hi):
-        b_dq = _dq_ds_block(b_dq, ds_base, k_base, i_tile + (i_j - lo), i_j * BT, T, H * K, K=K, BT=BT, BQ=BQ, BK=BK,
-                            MASK=False)
-    b_dq = _dq_ds_block(b_dq, ds_base, k_base, i_tile + (hi - lo), hi * BT, T, H * K, K=K, BT=BT, BQ=BQ, BK=BK,
-                        MASK=True)
-    o_t = t0 + tl.arange(0, BQ)
+    b_dqa = tl.zeros([BQ, BK], dtype=tl.float32)
+    b_dqb = tl.zeros([BQ, BK], dtype=tl.float32)
+    m = tl.minimum(tl.maximum(mid_a, mid_b), hi_a)  # [m, hi_a): the tiles both blocks see whole
+    for i_j in range(lo_a, m):
+        b_dqa, b_dqb = _dq_ds_edge(b_dqa, b_dqb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
+                                   b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK)
+    i_ta = ds_tile_index(qa, 0, W, BQ=BQ, BT=BT)
+    i_tb = tl.where(b_exists, ds_tile_index(qa + 1, 0, W, BQ=BQ, BT=BT), i_ta)  # no block b: read a's, store none
+    # int32 offsets within a tile from int64 scalar bases: 64-bit offset tensors cost the loop its registers.
+    o_ds = o_r[:, None] * BQ + o_c[None, :]
+    o_kr = o_r[:, None] * (H * K) + tl.arange(0, BK)[None, :]
+    m_k = (tl.arange(0, BK) < K)[None, :]
+    for i_j in range(m, hi_a):
+        # [BT, BK]
+        b_k = tl.load(k_base + tl.cast(i_j, tl.int64) * (BT * H * K) + o_kr, mask=m_k, other=0)
+        # [BT, BQ]
+        b_dsta = tl.load(ds_base + (i_ta + i_j) * (BT * BQ) + o_ds)
+        b_dstb = tl.load(ds_base + (i_tb + i_j) * (BT * BQ) + o_ds)
+        b_dqa += tl.dot(tl.trans(b_dsta), b_k)
+        b_dqb += tl.dot(tl.trans(b_dstb), b_k)
+    for i_j in range(hi_a, tl.where(b_exists, hi_b, hi_a) + 1):
+        b_dqa, b_dqb = _dq_ds_edge(b_dqa, b_dqb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
+                                   b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK)
     o_k = tl.arange(0, BK)
-    tl.store(dq + (bos * HQ + i_hq) * K + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :],
-             (b_dq * scale).to(dq.dtype.element_ty), mask=(o_t < T)[:, None] & (o_k < K)[None, :])
+    p_dq = dq + (bos * HQ + i_hq) * K + o_k[None, :]
+    o_t = ta + tl.arange(0, BQ)
+    tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqa * scale).to(dq.dtype.element_ty),
+             mask=(o_t < T)[:, None] & (o_k < K)[None, :])
+    o_t += BQ
+    tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqb * scale).to(dq.dtype.element_ty),
+             mask=(o_t < T)[:, None] & (o_k < K)[None, :])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -232,7 +276,7 @@ def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
                        HEADS=heads, dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
         done = (n + 1) * heads  # query heads of each group whose dS tiles are stored
         if done % chunk == 0 and s.T:  # a whole chunk: its dq rows
-            plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, BQ) * bands,), k=Ref("k"), ds=ds,
+            plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
                         dq=dq, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=done - chunk, HQ=s.HQ, H=s.H, G=G,
                         CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)), NUM_BANDS=bands,
-                        **DQ_FROM_DS_LAUNCH)
+                        **config.DQ_FROM_DS_LAUNCH)
