@@ -44,17 +44,20 @@ def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
         for name, rule in getattr(fn, "values", {}).items():
             args[name] = rule(args)
         fn = fn.fn
-    signature, constexprs = {}, {}
+    signature, constexprs, attrs = {}, {}, {}
     for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
         value = args[name]
         if param.is_constexpr or value is None:
             signature[name], constexprs[(i,)] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             signature[name] = "*" + TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]  # the JIT's specialisation of a 16-byte aligned pointer
         else:
             signature[name] = "fp32" if isinstance(value, float) else "i32"
-    return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+            if isinstance(value, int) and value % 16 == 0 and not param.do_not_specialize:
+                attrs[(i,)] = [["tt.divisibility", 16]]  # and of an integer multiple of 16
+    return triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
 def cuobjdump(compiled, flag: str) -> str:
