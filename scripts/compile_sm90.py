@@ -31,7 +31,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import fla_bwd.ops.attn.parallel as P
-from fla_bwd.ops.attn.config import DQ_FROM_DS_LAUNCH, tile_config
+from fla_bwd.ops.attn.config import DQ_FROM_DS_LAUNCH, TILE_CONFIGS, tile_config
 
 HOPPER_SMEM_PER_BLOCK = 232448  # 227 KB: cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int8: "i8"}
@@ -127,6 +127,9 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
         ("dkv_per_kv_head", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv, dk=t(), dv=t(), SPLIT=1, **no_ds),
          "dkv"),
     ]
+    if 64 < D and "dkv_window" in TILE_CONFIGS[(dtype != f32, D > 128)]:  # short windows (`config.dkv_tiles`)
+        plain.append(("dkv_per_kv_head_window", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
+                      dict(dkv, dk=t(), dv=t(), SPLIT=1, W=50, **no_ds), "dkv_window"))
     if five:  # the five-product backward (dense, no gate, no sink): a middle chunk's dK/dV launch
         plain = [("dkv_store_ds", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
                   dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), SPLIT=1,
@@ -157,7 +160,7 @@ def compile_one(task: tuple) -> tuple:
     D, dtype_name, variant, index, overrides, loops, sass_hash = task
     dtype = getattr(torch, dtype_name)
     name, kernel, launch, key = kernels(D, dtype, *_FLAGS[variant])[index]
-    cfg = dict(tile_config(key, D, dtype), **parse_override(overrides[key]))
+    cfg = dict(tile_config(key, D, dtype), **parse_override(overrides.get(key, "")))
     if name == "dq_from_ds":  # the dK/dV kernel's tiles, its own warps and stages
         cfg.update(DQ_FROM_DS_LAUNCH)
     nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")

@@ -43,6 +43,8 @@ VARIANTS = {
     "dkv64s64w8": {"dkv": dict(BT=64, BS=64, num_warps=8, num_stages=2)},
     "dkv64s32w4": {"dkv": dict(BT=64, BS=32, num_warps=4, num_stages=2)},
     "dkv64s64st3": {"dkv": dict(BT=64, BS=64, num_warps=4, num_stages=3)},
+    "dkv64s32st3": {"dkv": dict(BT=64, BS=32, num_warps=4, num_stages=3)},
+    "dkv64s32st4": {"dkv": dict(BT=64, BS=32, num_warps=4, num_stages=4)},
     "dkv32s32w4": {"dkv": dict(BT=32, BS=32, num_warps=4, num_stages=2)},
     "dkv32s32w2": {"dkv": dict(BT=32, BS=32, num_warps=2, num_stages=2)},
     "dkv32s16w2": {"dkv": dict(BT=32, BS=16, num_warps=2, num_stages=2)},

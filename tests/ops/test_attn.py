@@ -74,6 +74,10 @@ GPU_CASES = CPU_CASES + [
     Case(B=1, T=4096, HQ=32, H=8, K=128, dtype=bf16, gate=True, window=1000),
     Case(B=1, T=4096, HQ=32, H=4, K=128, dtype=bf16, gate=True, cu_seqlens=(0, 1, 700, 2048, 2049, 4096)),
     Case(B=1, T=4096, HQ=16, H=2, K=64, dtype=f16, window=256, cu_seqlens=(0, 129, 1025, 1026, 4000, 4096)),
+    # Short windows at head dims 65-128 take the dK/dV kernels' "dkv_window" tiles (`config.dkv_tiles`).
+    Case(B=2, T=1000, HQ=8, H=2, K=128, dtype=f16, window=100),
+    Case(B=1, T=3000, HQ=16, H=16, K=128, dtype=bf16, window=256, cu_seqlens=(0, 77, 1500, 1501, 3000)),
+    Case(B=1, T=777, HQ=8, H=4, K=96, V=128, dtype=bf16, window=300),
 ]
 
 CASES = GPU_CASES if DEVICE == "cuda" else CPU_CASES

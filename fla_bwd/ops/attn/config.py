@@ -25,6 +25,9 @@ TILE_CONFIGS = {
         "fwd": _tiles(128, 128, 8, 2),  # fewest K/V reloads among the configs that do not spill (#3)
         "dq": _tiles(64, 64, 4, 2),  # every larger tile or deeper pipeline measured slower (#2, #19)
         "dkv": _tiles(64, 64, 4, 2),  # same sweeps (#2, #19); two resident programs per SM (#23)
+        # Short windows (`dkv_tiles`): 32-row blocks fit three stages beside a second program, so each block's loads
+        # are issued a block ahead (at two stages the loop issues them at its end and waits at its top), #42o.
+        "dkv_window": _tiles(64, 32, 4, 3),
     },
     (True, True): {
         "fwd": _tiles(64, 32, 8, 2),  # D up to 256 doubles each row's registers and shared memory; not swept
@@ -58,8 +61,23 @@ REFERENCE_SMS = 132
 INTERPRETER_CONFIG = _tiles(32, 16, 4, 1)
 
 
+# Windows up to this size take the "dkv_window" tiles in the seven-product dK/dV kernels (`dkv_tiles`): measured
+# faster at W = 256 and 512 (16-bit, D = 128, ungated); dense T = 2048 gained ~2%, gated T = 2048 and D = 64 lost
+# (#42o).
+DKV_WINDOW_MAX_W = 512
+
+
+def dkv_tiles(D: int, dtype: torch.dtype, W: int, T: int, gated: bool) -> str:
+    """The seven-product dK/dV kernels' tile config at head dim D (the larger of K and V), dtype, window W (W >= T:
+    none) and sequence length T: "dkv_window" for ungated 16-bit calls at head dims 65-128 with a window of at most
+    DKV_WINDOW_MAX_W, whose key tiles each see few query blocks; else "dkv"."""
+    short = W < T and W <= DKV_WINDOW_MAX_W
+    return "dkv_window" if short and dtype != torch.float32 and 64 < D <= 128 and not gated else "dkv"
+
+
 def tile_config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """The tile config of `kernel` ("fwd", "dq" or "dkv") at head dim D (the larger of K and V) and input dtype."""
+    """The tile config of `kernel` ("fwd", "dq", "dkv" or, from `dkv_tiles`, "dkv_window") at head dim D (the larger
+    of K and V) and input dtype."""
     if is_interpreter():
         return INTERPRETER_CONFIG
     return TILE_CONFIGS[(dtype != torch.float32, D > 128)][kernel]

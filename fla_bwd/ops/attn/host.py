@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from fla_bwd import settings
-from fla_bwd.ops.attn.config import DELTA_MODES, INLINE_CONTAINMENT_WORK, tile_config
+from fla_bwd.ops.attn.config import DELTA_MODES, INLINE_CONTAINMENT_WORK, dkv_tiles, tile_config
 from fla_bwd.ops.attn.from_ds import add_five_product_backward, five_product_chunk
 from fla_bwd.ops.attn.inner import FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.parallel import (
@@ -170,7 +170,7 @@ def _common(plan: Plan, s: Shape, tiles: Optional[VarlenTiles], kernel: str):
     BT = cfg["BT"]
     if tiles is None:
         # Query-tiled kernels (fwd, dq) cover the query positions [Q0, T), the dK/dV kernels every key.
-        NT, chunks = cdiv(s.T - (s.Q0 if kernel != "dkv" else 0), BT), None
+        NT, chunks = cdiv(s.T - (s.Q0 if not kernel.startswith("dkv") else 0), BT), None
     else:
         NT, chunks = tiles.num_tiles(BT), Ref(f"chunks{BT}")
         plan.tile_sizes.add(BT)
@@ -236,7 +236,7 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
     acc_dtype = _F32 if split else out_dtype
     dk = plan.empty("dk_part" if split else "dk", (s.B, s.T, NH, s.K), acc_dtype)
     dv = plan.empty("dv_part" if split else "dv", (s.B, s.T, NH, s.V), acc_dtype)
-    _, NT, args = _common(plan, s, tiles, "dkv")
+    _, NT, args = _common(plan, s, tiles, dkv_tiles(max(s.K, s.V), s.dtype, s.W, s.T, s.g_dtype is not None))
     if kernel.per_kv_head:
         extra.update(ds=None, dk_in=None, dv_in=None, NTILE=None, G0=None, CHUNK=None, HEADS=None, ACC_OUT=False)
     sink = s.sink_dtype is not None
