@@ -46,4 +46,3 @@ def test_backward_launches_the_rule_s_tiles(monkeypatch, window, gate, want):
     finally:
         host.clear_plans()
     assert want in asked and ({"dkv", "dkv_window"} - {want}).isdisjoint(asked), asked
-
