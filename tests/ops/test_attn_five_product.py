@@ -42,19 +42,21 @@ GPU_CASES = [
     Case(B=3, T=200, HQ=4, H=1, K=128, V=64, dtype=bf16, window=64),
 ]
 CASES = GPU_CASES if DEVICE == "cuda" else CPU_CASES
+_SPLIT_PATHS = {1: "gqa", 2: "gqa-split2", 4: "gqa-split4"}  # the dK/dV path that forces each split
 
 
 class ChunkSpy:
-    """Records the chunk of every backward (`from_ds.five_product_chunk`; None: seven products)."""
+    """Records the chunk and the split of every backward (`from_ds.five_product_chunk`; None: seven products)."""
 
     def __init__(self, monkeypatch):
-        self.chunks = []
+        self.chunks, self.splits = [], []
         original = from_ds.five_product_chunk
 
         def spy(*args):
-            chunk = original(*args)
-            self.chunks.append(chunk)
-            return chunk
+            five = original(*args)
+            self.chunks.append(None if five is None else five.chunk)
+            self.splits.append(None if five is None else five.split)
+            return five
 
         monkeypatch.setattr(host, "five_product_chunk", spy)
 
@@ -74,29 +76,48 @@ def test_five_product_matches_oracle(case, monkeypatch):
     assert spy.chunks == [case.HQ // case.H], spy.chunks  # the default budget holds every head of these cases
 
 
+SPLIT_CASES = [(Case(B=2, T=63, HQ=4, H=1, K=64, dtype=bf16), 2), (Case(B=1, T=100, HQ=8, H=2, K=128, dtype=f16), 4),
+               (Case(B=1, T=90, HQ=4, H=2, K=64, dtype=bf16, window=20), 2)] if DEVICE != "cuda" else \
+    [(Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16), 2), (Case(B=1, T=1500, HQ=8, H=2, K=64, dtype=bf16,
+                                                                  window=300), 4)]
+
+
+@pytest.mark.parametrize("case,split", [pytest.param(c, s, id=f"{c.id}-split{s}") for c, s in SPLIT_CASES])
+def test_split_matches_oracle(case, split, monkeypatch):
+    """Each group's query heads dealt to `split` programs a key tile (forced by the dK/dV path)."""
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"), dkv_path(_SPLIT_PATHS[split]):
+        check_against_oracle(case)
+    assert spy.splits == [split] and spy.chunks == [case.HQ // case.H // split], (spy.splits, spy.chunks)
+
+
 _CHUNKED = Case(B=2, T=70, HQ=8, H=2, K=64, dtype=bf16, window=40) if DEVICE != "cuda" else \
     Case(B=2, T=900, HQ=16, H=2, K=128, dtype=bf16)
 
 
 @pytest.mark.parametrize("heads", [1, 2])
-@pytest.mark.parametrize("chunk", [4, 2, 1] if DEVICE != "cuda" else [8, 4, 2, 1])
-def test_chunks_are_bitwise_one_launch(chunk, heads, monkeypatch):
-    """A budget that holds `chunk` query heads of every group, dK/dV launches of `heads` (or fewer) heads each: the
-    same dq, dk, dv bitwise as one chunk of all of them (and as a second call: determinism), and dk, dv bitwise the
-    seven-product backward's."""
+@pytest.mark.parametrize("split,chunk", [(1, 4), (1, 2), (1, 1), (2, 2), (2, 1), (4, 1)] if DEVICE != "cuda" else
+                         [(1, 8), (1, 4), (1, 2), (1, 1), (2, 4), (2, 1), (4, 2)])
+def test_chunks_are_bitwise_one_launch(split, chunk, heads, monkeypatch):
+    """Each group's query heads dealt to `split` programs (shares), a budget that holds `chunk` heads of every
+    share, dK/dV launches of `heads` (or fewer) heads each: the same dq, dk, dv bitwise as one chunk of all of them
+    (and as a second call: determinism), and dk, dv bitwise the seven-product backward's at the same split (each
+    share's heads added in the same order, then the shares' partials)."""
     case = _CHUNKED
     x = make_inputs(case)
     monkeypatch.setattr(config, "DS_TWO_HEADS_BELOW_T", 2**31 if heads == 2 else 0)
     monkeypatch.setattr(host, "_PLANS", {})  # plans built at the other heads per launch
     spy = ChunkSpy(monkeypatch)
-    with dq_path("from-ds"):
+    share = case.HQ // case.H // split
+    with dq_path("from-ds"), dkv_path(_SPLIT_PATHS[split]):
         whole = run_parallel(case, x)
-        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * chunk * _band_bytes(case) / 2**20))
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * split * chunk * _band_bytes(case) / 2**20))
         chunked = run_parallel(case, x)
         again = run_parallel(case, x)
-    with dq_path("recompute"), dkv_path("gqa"):
+    with dq_path("recompute"), dkv_path(_SPLIT_PATHS[split]):
         seven = run_parallel(case, x)
-    assert spy.chunks == [case.HQ // case.H, chunk, chunk, None], spy.chunks
+    assert spy.chunks == [share, chunk, chunk, None], spy.chunks
+    assert spy.splits == [split, split, split, None], spy.splits
     for name in ("dq", "dk", "dv"):
         assert torch.equal(chunked[name], whole[name]), name
         assert torch.equal(again[name], chunked[name]), name
@@ -144,17 +165,17 @@ def _shape(**kw):
     return Shape(**base)
 
 
-@pytest.mark.parametrize("kw,expected", [
-    (dict(), 1),  # long dense MHA at D = 128: measured faster (PERF.md #42)
-    (dict(dtype=f16), 1),
-    (dict(T=4096, W=4096, B=1), 1),
+@pytest.mark.parametrize("kw,expected", [  # expected: (split, chunk) or None (seven products)
+    (dict(), (1, 1)),  # long dense MHA at D = 128: measured faster (PERF.md #42)
+    (dict(dtype=f16), (1, 1)),
+    (dict(T=4096, W=4096, B=1), (1, 1)),
     (dict(T=1024, W=1024), None),  # shorter: host-bound, slower
-    (dict(H=16), 2),  # GQA whose launches fill the GPU: faster (#42j)
-    (dict(H=8), 4),
-    (dict(B=1, T=8192, W=8192, H=4), 2),  # G8 T8192: two heads of each group fit the default budget
-    (dict(H=4), None),  # G8 B2 T2048: imbalanced, slower
-    (dict(B=1, T=4096, W=4096, H=4), None),
-    (dict(H=2), None),
+    (dict(H=16), (1, 2)),  # GQA whose launches fill the GPU: faster (#42j)
+    (dict(H=8), (1, 4)),
+    (dict(B=1, T=8192, W=8192, H=4), (1, 2)),  # G8 T8192: two heads of each group fit the default budget
+    (dict(H=4), (4, 2)),  # G8 B2 T2048: imbalanced unsplit; four programs a key tile balance it (#42q)
+    (dict(B=1, T=4096, W=4096, H=4), (4, 2)),
+    (dict(H=2), (4, 4)),  # G16
     (dict(K=64, V=64), None),  # D = 64: slower
     (dict(W=512), None),  # windows: not measured faster
     (dict(g_dtype=f32), None),
@@ -166,7 +187,8 @@ def _shape(**kw):
 def test_auto_dispatch(kw, expected, monkeypatch):
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
-    assert from_ds.five_product_chunk(_shape(**kw), True, "auto") == expected
+    five = from_ds.five_product_chunk(_shape(**kw), True, "auto")
+    assert five == (None if expected is None else from_ds.FiveProduct(*expected)), five
     assert from_ds.five_product_chunk(_shape(**kw), False, "auto") is None  # packed: seven products
     # another dK/dV kernel asked for: seven products
     assert from_ds.five_product_chunk(_shape(**kw), True, "per-query-head") is None
@@ -187,11 +209,26 @@ def test_auto_runs_five_products_where_it_dispatches(monkeypatch):
                                   Case(B=2, T=2048, HQ=16, H=8, K=128, dtype=bf16))
     check_against_oracle(mha)
     check_against_oracle(gqa)
-    run_parallel(CASES[0], make_inputs(CASES[0]))
+    outside = CASES[0] if DEVICE != "cuda" else CASES[2]  # D = 64
+    run_parallel(outside, make_inputs(outside))
     assert spy.chunks == [1, 2, None], spy.chunks
 
 
-@pytest.mark.parametrize("what", ["gate", "sink", "packed", "fp32", "head_dim", "dkv_path", "budget"])
+def test_auto_splits_imbalanced_calls(monkeypatch):
+    """A GQA call that one program per KV head leaves imbalanced runs five products with each group's heads split
+    over four programs a key tile (`config.FIVE_PRODUCT_SPLITS`), end to end and against the oracle (on the CPU at
+    two SMs, where the short case is imbalanced unsplit)."""
+    monkeypatch.setattr(config, "FIVE_PRODUCT_MIN_T", 64)
+    if DEVICE != "cuda":
+        monkeypatch.setattr(config, "sm_count", lambda device: 2)
+    spy = ChunkSpy(monkeypatch)
+    case = Case(B=1, T=90, HQ=8, H=2, K=128, dtype=bf16) if DEVICE != "cuda" else \
+        Case(B=2, T=2048, HQ=32, H=4, K=128, dtype=bf16)
+    check_against_oracle(case)
+    assert spy.splits == [4] and spy.chunks == [case.HQ // case.H // 4], (spy.splits, spy.chunks)
+
+
+@pytest.mark.parametrize("what", ["gate", "sink", "packed", "fp32", "head_dim", "dkv_path", "budget", "split"])
 def test_calls_it_cannot_run_raise(what, monkeypatch):
     case = {
         "gate": Case(T=40, HQ=2, H=1, K=32, gate=True),
@@ -203,8 +240,10 @@ def test_calls_it_cannot_run_raise(what, monkeypatch):
     x = make_inputs(case)
     if what == "budget":
         monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", "0")
-    message = {"dkv_path": "dK/dV path", "budget": "FLA_BWD_DS_BUDGET_MIB"}.get(what, "needs a dense call")
-    with dq_path("from-ds"), dkv_path("per-query-head" if what == "dkv_path" else "auto"):
+    message = {"dkv_path": "dK/dV path", "budget": "FLA_BWD_DS_BUDGET_MIB",
+               "split": "multiple of 4"}.get(what, "needs a dense call")
+    forced = {"dkv_path": "per-query-head", "split": "gqa-split4"}.get(what, "auto")  # split: G = 2
+    with dq_path("from-ds"), dkv_path(forced):
         with pytest.raises(ValueError, match=message):
             run_parallel(case, x)
 

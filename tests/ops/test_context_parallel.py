@@ -1,5 +1,6 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""`context_parallel_attn` over 2 and 4 gloo processes (each under Triton's interpreter when there is no GPU) against
+"""`context_parallel_attn` over 2 and 4 gloo processes (CPU tensors, each under Triton's interpreter, also on a GPU
+machine: gloo has no all_to_all of CUDA tensors; NCCL runs in test_attn_multigpu.py) against
 single-process `parallel_attn` on the gathered sequence: o and dq bitwise (the same tiles and arithmetic), every
 output and gradient within the 0.005 error-ratio rule of the fp32 oracle, for dense, gated, windowed and sink calls
 in both layouts; plus the errors every rank must raise before any collective.
@@ -23,9 +24,26 @@ SCALE = 0.3
 # Worker (a separate process; imports triton only after TRITON_INTERPRET is set)
 # ----------------------------------------------------------------------------------------------------------------
 
+def _reference(case: dict):
+    """(single-process parallel_attn's o and gradients, the fp32 oracle's), by name; run by rank 0's worker, under
+    the interpreter like the ranks' calls."""
+    from fla_bwd.ops.attn import naive_parallel_attn, parallel_attn
+
+    names = [n for n in ("q", "k", "v", "g", "sink") if case[n] is not None]
+    ours = {n: case[n].clone().requires_grad_() for n in names}
+    o = parallel_attn(ours["q"], ours["k"], ours["v"], ours.get("g"), SCALE, case["W"], sink_bias=ours.get("sink"))
+    got = {"o": o.detach(), **{"d" + n: gr for n, gr in zip(names, torch.autograd.grad(o, list(ours.values()),
+                                                                                        case["do"]))}}
+    exact = {n: (case[n].float() if n in "qkv" else case[n].clone()).requires_grad_() for n in names}
+    ref = naive_parallel_attn(exact["q"], exact["k"], exact["v"], g=exact.get("g"), scale=SCALE,
+                              window_size=case["W"], sink_bias=exact.get("sink"))
+    oracle = {"o": ref.detach(), **{"d" + n: gr for n, gr in zip(names, torch.autograd.grad(
+        ref, list(exact.values()), case["do"].float()))}}
+    return got, oracle
+
+
 def _worker(rank: int, N: int, port: int, folder: str) -> None:
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["TRITON_INTERPRET"] = "1"  # the cases' tensors are on the CPU
     import torch.distributed as dist
 
     from fla_bwd.ops.attn import context_parallel_attn, shard, unshard
@@ -73,7 +91,11 @@ def _worker(rank: int, N: int, port: int, folder: str) -> None:
         expect(lambda: context_parallel_attn(q, k, k))
     expect(lambda: context_parallel_attn(q, k, k, layout="zigzag"))
     if rank == 0:
-        torch.save({"results": results, "errors": errors, "deterministic": deterministic},
+        refs = {}
+        for case in cases:
+            if case["kind"] not in refs:
+                refs[case["kind"]] = _reference(case)
+        torch.save({"results": results, "errors": errors, "deterministic": deterministic, "refs": refs},
                    os.path.join(folder, "out.pt"))
     else:
         torch.save({"errors": errors}, os.path.join(folder, f"errors{rank}.pt"))
@@ -92,8 +114,6 @@ if __name__ == "__main__":
 
 import pytest  # noqa: E402
 from conftest import assert_close  # noqa: E402
-
-from fla_bwd.ops.attn import naive_parallel_attn, parallel_attn  # noqa: E402
 
 KINDS = {  # name -> (dtype, gate, window, sink); "sink" has all three
     "dense": (torch.float16, False, None, False),
@@ -122,7 +142,7 @@ def _free_port() -> int:
 def _spawn(N: int, cases: list, folder: str, timeout: float = 600) -> dict:
     torch.save(cases, os.path.join(folder, "cases.pt"))
     port = _free_port()
-    env = dict(os.environ, TRITON_INTERPRET="1") if not torch.cuda.is_available() else dict(os.environ)
+    env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(HERE)), env.get("PYTHONPATH", "")])
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(r), str(N), str(port), folder],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -143,21 +163,6 @@ def _spawn(N: int, cases: list, folder: str, timeout: float = 600) -> dict:
     return out
 
 
-def _reference(case: dict):
-    """(single-process parallel_attn's o and gradients, the fp32 oracle's), by name."""
-    names = [n for n in ("q", "k", "v", "g", "sink") if case[n] is not None]
-    ours = {n: case[n].clone().requires_grad_() for n in names}
-    o = parallel_attn(ours["q"], ours["k"], ours["v"], ours.get("g"), SCALE, case["W"], sink_bias=ours.get("sink"))
-    got = {"o": o.detach(), **{"d" + n: gr for n, gr in zip(names, torch.autograd.grad(o, list(ours.values()),
-                                                                                        case["do"]))}}
-    exact = {n: (case[n].float() if n in "qkv" else case[n].clone()).requires_grad_() for n in names}
-    ref = naive_parallel_attn(exact["q"], exact["k"], exact["v"], g=exact.get("g"), scale=SCALE,
-                              window_size=case["W"], sink_bias=exact.get("sink"))
-    oracle = {"o": ref.detach(), **{"d" + n: gr for n, gr in zip(names, torch.autograd.grad(
-        ref, list(exact.values()), case["do"].float()))}}
-    return got, oracle
-
-
 # Sizes for a 2-core machine under the interpreter (the file in ~2.5 min): T = 128 at two ranks (balanced: 4 chunks
 # of 32, the interpreter's tile); at four, T = 256 (8 chunks of 32) and only the gated and the gate+window+sink
 # calls. The windows reach back past a chunk start, so some calls read a key slice that starts after 0 (`_calls`).
@@ -167,12 +172,8 @@ def test_context_parallel_matches_one_process(N, T, kinds, tmp_path):
     cases = [dict(base, layout=layout) for base in (_case(T, kind, B=2 if kind == "gate" else 1) for kind in kinds)
              for layout in ("contiguous", "balanced")]
     out = _spawn(N, cases, str(tmp_path))
-    refs = {}
     for case, res in zip(cases, out["results"]):
-        key = case["kind"]
-        if key not in refs:
-            refs[key] = _reference(case)
-        got, oracle = refs[key]
+        got, oracle = out["refs"][case["kind"]]
         tag = f"[N{N} {case['kind']} {case['layout']}]"
         assert res.keys() == got.keys(), tag
         # The same tiles and arithmetic: o and dq bitwise; dk, dv, dg, dsink are summed over ranks in fp32.

@@ -96,10 +96,11 @@ def test_kernels_fit_hopper_shared_memory(dtype):
 
 
 def test_five_product_kernels_fit_hopper_shared_memory():
-    """The five-product backward's kernels (scripts/compile_sm90.py --five: the dK/dV kernel with its dS store in
-    3 CONTAIN modes, dQ-from-dS, delta) at the head dims it runs (16-bit, D <= 128)."""
+    """The five-product backward's kernels (scripts/compile_sm90.py --five: the dK/dV kernel with its dS store,
+    unsplit and at four programs a key tile, in 3 CONTAIN modes each, dQ-from-dS, delta) at the head dims it runs
+    (16-bit, D <= 128)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     rc, lines = run_watched([sys.executable, SCRIPT, "--five", "--dims", "64,128", "--check-smem", "--jobs", "2"], env)
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    assert out.count("smem") == 10, out
+    assert out.count("smem") == 16, out

@@ -49,9 +49,12 @@ TILE_CONFIGS = {
 # loop, 3 stages deep; 4 warps: 622 against 819 us at 8 on g8-T8192 (PERF.md #42d, #42l).
 DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
 # Where "auto" takes the five-product backward (`from_ds.five_product_chunk`): dense full-causal calls at head dims
-# 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`). They won there on the H200 (MHA
-# and GQA, PERF.md #42g, #42j); imbalanced GQA rows, D = 64 and windows lost, shorter rows are host-bound.
+# 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`, with a split if needed). They won
+# there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost, shorter rows are host-bound.
 FIVE_PRODUCT_MIN_T = 2048
+# The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
+# keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096) (#42q).
+FIVE_PRODUCT_SPLITS = (1, 4, 2)
 # The five-product backward's dK/dV launches run two query heads of each group (unrolled) below this length, one from
 # it on: the second head saves an fp32 dK/dV round trip, which paid at T = 2048 and not at T = 8192 (#42j).
 DS_TWO_HEADS_BELOW_T = 4096
@@ -152,9 +155,9 @@ def gqa_split(lengths: tuple, H: int, G: int, D: int, W: int, sms: int):
 
 
 @functools.lru_cache(maxsize=256)
-def group_fills_gpu(lengths: tuple, H: int, G: int, D: int, W: int, sms: int) -> bool:
-    """Whether programs that each run all G query heads of a group on one key tile keep the GPU busy (`gqa_split`'s
-    rule for one program per KV head). A launch of any fixed number of each group's heads, as the five-product
+def group_fills_gpu(lengths: tuple, H: int, G: int, D: int, W: int, sms: int, split: int = 1) -> bool:
+    """Whether programs that each run G / split query heads of a group on one key tile keep the GPU busy
+    (`gqa_split`'s balance rule). A launch of any fixed number of each share's heads, as the five-product
     backward's, has the same ratio of critical path to mean work, so the rule holds for it too."""
     longest, total = _tile_work(lengths, H, G, D, W)
-    return _balanced(G * longest, total, sms)
+    return _balanced(G // split * longest, total, sms)

@@ -7,10 +7,11 @@ exact values its dK product reads), and a dQ kernel reads them back: dq_i = scal
 tile, summed in a fixed order (deterministic, no atomics). In order:
 
 1. `delta_kernel`: delta = rowsum(o * dO) (fp32), which the dK/dV kernel needs before it runs;
-2. per chunk of query heads (`ds_chunk`): the dK/dV kernel with STORE_DS over those heads of every group, one or
-   two heads a launch (`config.DS_TWO_HEADS_BELOW_T`), carrying fp32 dK/dV sums from launch to launch (bitwise the
-   sums of one launch: the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the
-   chunk's dq rows.
+2. per chunk of query heads (`ds_chunk`): the dK/dV kernel with STORE_DS over those heads of every group's share
+   (each group's heads dealt to `split` programs a key tile, `FiveProduct`), one or two heads a launch
+   (`config.DS_TWO_HEADS_BELOW_T`), carrying fp32 dK/dV sums from launch to launch (bitwise the sums of one launch:
+   the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the chunk's dq rows;
+3. with a split, the shares' fp32 partials summed in order (`add_group_sum`, as the seven-product split paths).
 
 Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk) a band of NTILE tiles; tile
 (query block qi of BQ rows, key tile kj of BT keys) for every key tile that qi sees, in query-block order and then
@@ -18,15 +19,16 @@ key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/
 only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT.
 
 Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no gate, no sink. "auto" takes it where it
-measured faster (`five_product_chunk`): long full-causal MHA and GQA whose launches keep the GPU busy; imbalanced
-GQA calls, windows and D = 64 lost (PERF.md #42). The dS store goes through a device-side tensor descriptor (a bulk
-copy from shared memory): per-element pointer stores cost more (#42c). A launch runs at most two heads of each
-group: with a head loop around the store the dK/dV kernel spilled 5x more at run time (#42i).
+measured faster (`five_product_chunk`): long full-causal MHA and GQA whose launches keep the GPU busy, split where
+one program per KV head would not (#42q); windows and D = 64 lost (PERF.md #42). The dS store goes through a
+device-side tensor descriptor (a bulk copy from shared memory): per-element pointer stores cost more (#42c). A
+launch runs at most two heads of each share: with a head loop around the store the dK/dV kernel spilled 5x more at
+run time (#42i).
 """
 
 import functools
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -36,6 +38,7 @@ from fla_bwd import settings
 from fla_bwd.ops.attn import config
 from fla_bwd.ops.attn.config import tile_config
 from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows
+from fla_bwd.ops.utils.group_sum import add_group_sum
 from fla_bwd.ops.utils.launch import Ref
 from fla_bwd.utils import cdiv, next_power_of_2
 
@@ -125,18 +128,19 @@ def _key_ranges(t0, W, BT: tl.constexpr, BQ: tl.constexpr):
 @triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dq_from_ds(
     k, ds, dq, scale, T, W, NTILE, G0,
-    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
     BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_BANDS: tl.constexpr,
 ):
     """dq of two consecutive query blocks a and b (BQ rows each) of one query head of the chunk [G0, G0 + CHUNK) of
-    every group, from their stored dS tiles (NUM_BANDS = B * H * CHUNK bands of NTILE tiles). Each key tile is
+    each of the SPLIT shares of every group (share p: heads p * G / SPLIT ...), from their stored dS tiles
+    (NUM_BANDS = B * H * SPLIT * CHUNK bands of NTILE tiles, the dK/dV kernel's order). Each key tile is
     loaded once for both blocks (the K reads through L2 were the kernel's limit, PERF.md #42l); each block's sum
     runs over its tiles in key order, the same additions as one block a program. Key tiles go in three ranges: the
     window edge (either block sees it in part), the tiles both see whole, the diagonals."""
     i_band = tl.program_id(0) % NUM_BANDS
     i_p = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
-    i_b, i_h, i_c = i_band // (H * CHUNK), i_band // CHUNK % H, i_band % CHUNK
-    i_hq = i_h * G + G0 + i_c
+    i_b, i_part, i_c = i_band // (H * SPLIT * CHUNK), i_band // CHUNK % (H * SPLIT), i_band % CHUNK
+    i_h, i_hq = i_part // SPLIT, i_part * (G // SPLIT) + G0 + i_c
     bos = i_b.to(tl.int64) * T
     qa = 2 * i_p
     ta = qa * BQ
@@ -191,65 +195,96 @@ def eligible(s) -> bool:
             and s.sink_dtype is None and s.Q0 == 0)
 
 
+class FiveProduct(NamedTuple):
+    """How a five-product backward runs: each group's query heads dealt to `split` programs a key tile (shares of
+    G / split heads, as `config.gqa_split` deals them for the seven-product kernel), and `chunk` heads of every
+    share whose dS tiles are stored at once (the budget's unit, `ds_chunk`)."""
+    split: int
+    chunk: int
+
+
 @functools.lru_cache(maxsize=256)
-def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int) -> Optional[int]:
-    """Query heads of each group per chunk: the largest divisor of G whose dS tiles (B * H * chunk bands) fit in
-    `budget` bytes, or None if one head of every group does not fit (then the seven-product backward runs)."""
+def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int, split: int = 1) -> Optional[int]:
+    """Query heads of each share (G / split heads) per chunk: the largest divisor of the share whose dS tiles
+    (B * H * split * chunk bands) fit in `budget` bytes, or None if one head of every share does not fit (then the
+    seven-product backward runs)."""
     cfg = tile_config("dkv", D)
     rows = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"]  # a band's rows in the dK/dV kernel's descriptor view
     band = rows * cfg["BS"] * 2
-    for chunk in range(G, 0, -1):
-        if G % chunk == 0 and B * H * chunk * band <= budget and B * H * chunk * rows < 2**31:
+    bands = B * H * split
+    for chunk in range(G // split, 0, -1):
+        if (G // split) % chunk == 0 and bands * chunk * band <= budget and bands * chunk * rows < 2**31:
             return chunk
     return None
 
 
-def _auto_takes(s) -> bool:
-    """Whether "auto" runs this (eligible, dense) call with five products: where it measured faster (`config`):
-    full causal, head dims 65-128, long enough, and launches that keep the GPU busy."""
-    D = max(s.K, s.V)
-    return (64 < D <= 128 and s.W >= s.T and s.T >= config.FIVE_PRODUCT_MIN_T
-            and config.group_fills_gpu((s.T,) * s.B, s.H, s.HQ // s.H, D, s.W, config.sm_count(s.device)))
+def _auto_five(s) -> Optional[FiveProduct]:
+    """How "auto" runs this (eligible, dense) call with five products, or None for seven: where they measured
+    faster (`config`): full causal, head dims 65-128, long enough, and the first split of
+    `config.FIVE_PRODUCT_SPLITS` whose launches keep the GPU busy (`config.group_fills_gpu`) and whose dS tiles fit
+    the budget."""
+    D, G = max(s.K, s.V), s.HQ // s.H
+    if not (64 < D <= 128 and s.W >= s.T and s.T >= config.FIVE_PRODUCT_MIN_T):
+        return None
+    sms, budget = config.sm_count(s.device), settings.ds_budget_bytes()
+    for split in config.FIVE_PRODUCT_SPLITS:
+        if G % split == 0 and config.group_fills_gpu((s.T,) * s.B, s.H, G, D, s.W, sms, split):
+            chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
+            if chunk is not None:
+                return FiveProduct(split, chunk)
+    return None
 
 
-def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[int]:
-    """The chunk of a backward of Shape s, or None for the seven-product backward (settings read now;
+_SPLITS = {"gqa": 1, "gqa-split2": 2, "gqa-split4": 4}
+
+
+def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]:
+    """The split and chunk of a backward of Shape s, or None for the seven-product backward (settings read now;
     `forced_dkv` is the caller's `settings.forced_dkv_path()`).
 
-    "auto": five products only where they measured faster (`_auto_takes`: long dense balanced calls), no other dK/dV
-    kernel forced and the dS tiles within the budget; else seven. Asked for (`settings.dq_path("from-ds")`,
-    FLA_BWD_DQ_PATH=from-ds), a call it cannot run raises ValueError rather than falling back: another forced dK/dV
-    kernel, a call outside `eligible`, packed sequences, or a budget (`settings.ds_budget_bytes`) too small for
-    one query head of every KV head. "recompute": seven products."""
+    "auto": five products only where they measured faster (`_auto_five`: long dense calls that a split keeps
+    balanced), no other dK/dV kernel forced and the dS tiles within the budget; else seven. Asked for
+    (`settings.dq_path("from-ds")`, FLA_BWD_DQ_PATH=from-ds), the split is the forced dK/dV path's ("gqa": 1,
+    "gqa-split2": 2, "gqa-split4": 4) or, under "auto", `config.gqa_split`'s (1 where it finds none); a call it
+    cannot run raises ValueError rather than falling back: the query-head-owned dK/dV kernel forced, a split that
+    does not divide the group, a call outside `eligible`, packed sequences, or a budget
+    (`settings.ds_budget_bytes`) too small for one query head of every share. "recompute": seven products."""
     forced = settings.forced_dq_path()
     if forced == "recompute":
         return None
+    G, D = s.HQ // s.H, max(s.K, s.V)
     runnable = dense and eligible(s)
     if forced == "auto":
-        if not (runnable and forced_dkv == "auto" and _auto_takes(s)):
-            return None
-        return ds_chunk(s.B, s.T, s.H, s.HQ // s.H, s.W, max(s.K, s.V), settings.ds_budget_bytes())
-    if forced_dkv not in ("auto", "gqa"):
-        raise ValueError(f"dq path 'from-ds' runs the KV-head-owned dK/dV kernel ('gqa'); dK/dV path "
-                         f"{forced_dkv!r} is forced too")
+        return _auto_five(s) if runnable and forced_dkv == "auto" else None
+    if forced_dkv not in ("auto", *_SPLITS):
+        raise ValueError(f"dq path 'from-ds' runs the KV-head-owned dK/dV kernel ('gqa', 'gqa-split2' or "
+                         f"'gqa-split4'); dK/dV path {forced_dkv!r} is forced too")
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v, head dims up to 128, no gate and no sink")
+    if forced_dkv == "auto":
+        split = config.gqa_split((s.T,) * s.B, s.H, G, D, s.W, config.sm_count(s.device)) or 1
+    else:
+        split = _SPLITS[forced_dkv]
+        if G % split:
+            raise ValueError(f"dK/dV path {forced_dkv!r} deals each group's query heads to {split} programs, so it "
+                             f"needs HQ // H to be a multiple of {split}; got HQ // H = {G}")
     budget = settings.ds_budget_bytes()
-    chunk = ds_chunk(s.B, s.T, s.H, s.HQ // s.H, s.W, max(s.K, s.V), budget)
+    chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
     if chunk is None:
-        raise ValueError(f"dq path 'from-ds': one query head of every KV head needs more dS scratch than "
+        raise ValueError(f"dq path 'from-ds': one query head of every KV head's share needs more dS scratch than "
                          f"FLA_BWD_DS_BUDGET_MIB = {budget / 2**20:g} MiB allows")
-    return chunk
+    return FiveProduct(split, chunk)
 
 
-def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
-    """Add delta, then per chunk its dK/dV launches (`add_dkv_launch(plan, s, out, **launch args)`: host.py's, which
-    adds the buffers and containment; one or two query heads of each group a launch, `config`) and the
-    dQ-from-dS launch, to `plan`. Buffers: "dq", "delta", "ds" (the chunk's tiles, reused by every chunk), and two
-    fp32 dK/dV sum buffers when there are several launches (ping-pong: a FIXUP launch re-reads the sums its FLAG
-    launch started from)."""
+def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> None:
+    """Add delta, then per chunk its dK/dV launches (`add_dkv_launch(plan, s, out, SPLIT, **launch args)`: host.py's,
+    which adds the buffers and containment; one or two query heads of each share a launch, `config`) and the
+    dQ-from-dS launch, to `plan`; with a split, the shares' fp32 dK/dV partials summed last (`add_group_sum`).
+    Buffers: "dq", "delta", "ds" (the chunk's tiles, reused by every chunk), and two fp32 dK/dV sum buffers when
+    there are several launches (ping-pong: a FIXUP launch re-reads the sums its FLAG launch started from)."""
     G = s.HQ // s.H
+    split, chunk = five
     cfg = tile_config("dkv", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
     NTOK = s.B * s.T
@@ -262,21 +297,29 @@ def add_five_product_backward(plan, s, chunk: int, add_dkv_launch) -> None:
         plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), do=Ref("do"), delta=delta, R=R, NTOK=NTOK,
                     HQ=s.HQ, V=s.V, BR=BR, BV=BV)
     ntile = ds_layout(s.T, s.W, BQ, BT)
-    bands = s.B * s.H * chunk
+    NP = s.H * split  # programs a key tile
+    bands = s.B * NP * chunk
     ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
     heads = math.gcd(chunk, 2 if s.T < config.DS_TWO_HEADS_BELOW_T else 1)
-    launches = G // heads
+    launches = G // split // heads
+
+    def fp32_pair(name):
+        return (plan.empty(f"dk_{name}", (s.B, s.T, NP, s.K), torch.float32),
+                plan.empty(f"dv_{name}", (s.B, s.T, NP, s.V), torch.float32))
+
     # (dk, dv) fp32 sum pairs: launch n writes pair n % 2 and the next launch reads it.
-    sums = [(plan.empty(f"dk_sum{i}", (s.B, s.T, s.H, s.K), torch.float32),
-             plan.empty(f"dv_sum{i}", (s.B, s.T, s.H, s.V), torch.float32)) for i in range(min(launches - 1, 2))]
+    sums = [fp32_pair(f"sum{i}") for i in range(min(launches - 1, 2))]
+    last_out = fp32_pair("part") if split > 1 else None  # scaled partials, or None: "dk", "dv" in the inputs' dtype
     for n in range(launches):
         last = n == launches - 1
         dk_in, dv_in = sums[(n - 1) % 2] if n > 0 else (None, None)
-        add_dkv_launch(plan, s, None if last else sums[n % 2], ds=ds, NTILE=ntile, G0=n * heads, CHUNK=chunk,
-                       HEADS=heads, dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
-        done = (n + 1) * heads  # query heads of each group whose dS tiles are stored
+        add_dkv_launch(plan, s, last_out if last else sums[n % 2], split, ds=ds, NTILE=ntile, G0=n * heads,
+                       CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
+        done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
         if done % chunk == 0 and s.T:  # a whole chunk: its dq rows
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
                         dq=dq, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=done - chunk, HQ=s.HQ, H=s.H, G=G,
-                        CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)), NUM_BANDS=bands,
-                        **config.DQ_FROM_DS_LAUNCH)
+                        SPLIT=split, CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)),
+                        NUM_BANDS=bands, **config.DQ_FROM_DS_LAUNCH)
+    if last_out is not None:
+        add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)

@@ -17,7 +17,7 @@ import torch
 
 from fla_bwd import settings
 from fla_bwd.ops.attn.config import DELTA_MODES, INLINE_CONTAINMENT_WORK, dkv_tiles, tile_config
-from fla_bwd.ops.attn.from_ds import add_five_product_backward, five_product_chunk
+from fla_bwd.ops.attn.from_ds import FiveProduct, add_five_product_backward, five_product_chunk
 from fla_bwd.ops.attn.inner import FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.parallel import (
     DkvKernel,
@@ -254,17 +254,17 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
         add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, out_dtype)
 
 
-def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], **five) -> None:
+def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, **five) -> None:
     """One chunk's dK/dV launch of the five-product backward (`from_ds.add_five_product_backward`): the
-    KV-head-owned kernel with the dS store; `out` its fp32 sum buffers, or None for the last chunk ("dk", "dv" in
-    the inputs' dtype)."""
+    KV-head-owned kernel with the dS store, `split` programs a key tile; `out` its fp32 buffers `[B, T, H * split,
+    *]`, or None for the last launch of an unsplit call ("dk", "dv" in the inputs' dtype)."""
     dk, dv = out if out is not None else (plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype),
                                           plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype))
     _, NT, args = _common(plan, s, None, "dkv")
     if NT > 0:
-        add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, NT * s.B * s.H, dict(
+        add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, NT * s.B * s.H * split, dict(
             args, do=Ref("do"), dk=dk, dv=dv, dgc_k=None, lse=Ref("lse"), delta=Ref("delta"), g_cumsum=None,
-            dsink_partial=None, dsink=None, NUM_PARTIALS=0, SPLIT=1, **five), scratch=True)
+            dsink_partial=None, dsink=None, NUM_PARTIALS=0, SPLIT=split, **five), scratch=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -312,10 +312,10 @@ def _delta_mode(s: Shape) -> str:
 
 
 def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: Optional[DkvKernel],
-                    chunk: Optional[int]) -> Plan:
+                    five: Optional[FiveProduct]) -> Plan:
     plan = _new_plan(s)
-    if chunk is not None:
-        add_five_product_backward(plan, s, chunk, add_dkv_chunk)
+    if five is not None:
+        add_five_product_backward(plan, s, five, add_dkv_chunk)
         return _finish(plan)
     gc = Ref("gc") if s.g_dtype is not None else None
     # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its key
@@ -344,12 +344,12 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
     if call is None:
         call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     forced_dkv = settings.forced_dkv_path()
-    chunk = five_product_chunk(call.shape, call.tiles is None, forced_dkv)
-    kernel = dkv_kernel(call, forced_dkv) if chunk is None else None  # five products launch their own dK/dV kernel
+    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv)
+    kernel = dkv_kernel(call, forced_dkv) if five is None else None  # five products launch their own dK/dV kernel
     # The setting is read again here (it may change between a forward and its backward); the plan's Shape keeps the
     # forward's, which only keys plans: `contain_inline` reads the setting when the plan is built.
-    plan = _plan((call.key, kernel, chunk, aligned(do), settings.forced_containment()), _build_backward, call.shape,
-                 call.tiles, kernel, chunk)
+    plan = _plan((call.key, kernel, five, aligned(do), settings.forced_containment()), _build_backward, call.shape,
+                 call.tiles, kernel, five)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
                           cu_seqlens=cu_seqlens), call.tiles)
     return env["dq"], env["dk"], env["dv"], env.get("dg"), env.get("dsink")

@@ -406,13 +406,13 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     busy with one program per KV head (the dispatch rule is `config.gqa_split`). With a sink, program 0 also
     completes dsink (`_sum_dsink`).
 
-    The five-product backward (`from_ds.py`; dense, SPLIT 1, no gate or sink) launches it for HEADS query heads of
-    every group at a time, heads [G0, G0 + HEADS) of a chunk of CHUNK heads whose dS tiles share one buffer: each
-    program also stores its dS tiles (STORE_DS), starts from the earlier launches' fp32 sums (ACC_IN) and, but for
-    the last launch, stores fp32 sums unscaled (ACC_OUT)."""
+    The five-product backward (`from_ds.py`; dense, no gate or sink) launches it for HEADS query heads of each
+    program's share of a group at a time, heads [G0, G0 + HEADS) of the share, of a chunk of CHUNK heads a share
+    whose dS tiles share one buffer: each program also stores its dS tiles (STORE_DS), starts from the earlier
+    launches' fp32 sums (ACC_IN) and, but for the last launch, stores fp32 sums unscaled (ACC_OUT)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
-    tl.static_assert(not STORE_DS or (SPLIT == 1 and not (USE_G or USE_SINK or IS_VARLEN or TAIL_Q)),
+    tl.static_assert(not STORE_DS or not (USE_G or USE_SINK or IS_VARLEN or TAIL_Q),
                      "the five-product backward is dense, ungated and sinkless")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
@@ -423,10 +423,10 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     ds_slot0 = 0
     if STORE_DS:
         i_hq0 += G0
-        # The band of this launch's first head: (batch, KV head, head in chunk).
-        ds_slot0 = (bos // T * H + i_part) * CHUNK + G0 % CHUNK
-        # One [B * H * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `from_ds.ds_chunk`).
-        ds = tl.make_tensor_descriptor(ds, shape=[B * (H * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
+        # The band of this launch's first head: (batch, KV head and share, head in chunk).
+        ds_slot0 = (bos // T * (H * SPLIT) + i_part) * CHUNK + G0 % CHUNK
+        # One [B * H * SPLIT * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `from_ds.ds_chunk`).
+        ds = tl.make_tensor_descriptor(ds, shape=[B * (H * SPLIT * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
                                        block_shape=[BT, BS])
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale,
@@ -465,7 +465,7 @@ _BY_NAME = {"gqa": DkvKernel(True, 1), "gqa-split2": DkvKernel(True, 2), "gqa-sp
 def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: Optional[int] = None,
                       cu_seqlens: Optional[torch.Tensor] = None) -> DkvKernel:
     """The dK/dV kernel that a seven-product backward of these inputs uses (`dkv_kernel_for`, settings read now).
-    A five-product backward (`from_ds.five_product_chunk`: long dense MHA by default) runs the KV-head-owned kernel
+    A five-product backward (`from_ds.five_product_chunk`: long dense calls by default) runs the KV-head-owned kernel
     with its dS store instead."""
     B, T, HQ, K = q.shape
     W = T if window_size is None else window_size
