@@ -245,10 +245,11 @@ def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]
     "auto": five products only where they measured faster (`_auto_five`: long dense calls that a split keeps
     balanced), no other dK/dV kernel forced and the dS tiles within the budget; else seven. Asked for
     (`settings.dq_path("from-ds")`, FLA_BWD_DQ_PATH=from-ds), the split is the forced dK/dV path's ("gqa": 1,
-    "gqa-split2": 2, "gqa-split4": 4) or, under "auto", `config.gqa_split`'s (1 where it finds none); a call it
-    cannot run raises ValueError rather than falling back: the query-head-owned dK/dV kernel forced, a split that
-    does not divide the group, a call outside `eligible`, packed sequences, or a budget
-    (`settings.ds_budget_bytes`) too small for one query head of every share. "recompute": seven products."""
+    "gqa-split2": 2, "gqa-split4": 4) or, under "auto", the first of `config.FIVE_PRODUCT_SPLITS` that keeps the
+    GPU busy (1 where none does); a call it cannot run raises ValueError rather than falling back: the
+    query-head-owned dK/dV kernel forced, a split that does not divide the group, a call outside `eligible`, packed
+    sequences, or a budget (`settings.ds_budget_bytes`) too small for one query head of every share. "recompute":
+    seven products."""
     forced = settings.forced_dq_path()
     if forced == "recompute":
         return None
@@ -262,8 +263,10 @@ def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v, head dims up to 128, no gate and no sink")
-    if forced_dkv == "auto":
-        split = config.gqa_split((s.T,) * s.B, s.H, G, D, s.W, config.sm_count(s.device)) or 1
+    if forced_dkv == "auto":  # auto's split where one keeps the GPU busy (`_auto_five`'s order), else 1
+        sms = config.sm_count(s.device)
+        split = next((split for split in config.FIVE_PRODUCT_SPLITS if G % split == 0 and config.group_fills_gpu(
+            (s.T,) * s.B, s.H, G, D, s.W, sms, split)), 1)
     else:
         split = _SPLITS[forced_dkv]
         if G % split:
