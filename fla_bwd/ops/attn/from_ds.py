@@ -38,6 +38,7 @@ from fla_bwd import settings
 from fla_bwd.ops.attn import config
 from fla_bwd.ops.attn.config import tile_config
 from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows
+from fla_bwd.ops.attn.parallel import dkv_kernel_for
 from fla_bwd.ops.utils.group_sum import add_group_sum
 from fla_bwd.ops.utils.launch import Ref
 from fla_bwd.utils import cdiv, next_power_of_2
@@ -218,24 +219,28 @@ def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int, split:
     return None
 
 
+def _busy_splits(s):
+    """The splits of `config.FIVE_PRODUCT_SPLITS`, in order, that divide the group and whose launches keep the GPU
+    busy (`config.group_fills_gpu`)."""
+    G, D = s.HQ // s.H, max(s.K, s.V)
+    sms = config.sm_count(s.device)
+    return (split for split in config.FIVE_PRODUCT_SPLITS
+            if G % split == 0 and config.group_fills_gpu((s.T,) * s.B, s.H, G, D, s.W, sms, split))
+
+
 def _auto_five(s) -> Optional[FiveProduct]:
     """How "auto" runs this (eligible, dense) call with five products, or None for seven: where they measured
-    faster (`config`): full causal, head dims 65-128, long enough, and the first split of
-    `config.FIVE_PRODUCT_SPLITS` whose launches keep the GPU busy (`config.group_fills_gpu`) and whose dS tiles fit
+    faster (`config`): full causal, head dims 65-128, long enough, and the first of `_busy_splits` whose dS tiles fit
     the budget."""
-    D, G = max(s.K, s.V), s.HQ // s.H
+    D = max(s.K, s.V)
     if not (64 < D <= 128 and s.W >= s.T and s.T >= config.FIVE_PRODUCT_MIN_T):
         return None
-    sms, budget = config.sm_count(s.device), settings.ds_budget_bytes()
-    for split in config.FIVE_PRODUCT_SPLITS:
-        if G % split == 0 and config.group_fills_gpu((s.T,) * s.B, s.H, G, D, s.W, sms, split):
-            chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
-            if chunk is not None:
-                return FiveProduct(split, chunk)
+    budget = settings.ds_budget_bytes()
+    for split in _busy_splits(s):
+        chunk = ds_chunk(s.B, s.T, s.H, s.HQ // s.H, s.W, D, budget, split)
+        if chunk is not None:
+            return FiveProduct(split, chunk)
     return None
-
-
-_SPLITS = {"gqa": 1, "gqa-split2": 2, "gqa-split4": 4}
 
 
 def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]:
@@ -257,21 +262,18 @@ def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]
     runnable = dense and eligible(s)
     if forced == "auto":
         return _auto_five(s) if runnable and forced_dkv == "auto" else None
-    if forced_dkv not in ("auto", *_SPLITS):
-        raise ValueError(f"dq path 'from-ds' runs the KV-head-owned dK/dV kernel ('gqa', 'gqa-split2' or "
-                         f"'gqa-split4'); dK/dV path {forced_dkv!r} is forced too")
+    if forced_dkv == "auto":
+        split = next(_busy_splits(s), 1)  # auto's split where one keeps the GPU busy, else 1
+    else:
+        # The forced path's kernel (`dkv_kernel_for` raises for a split that does not divide the group).
+        kernel = dkv_kernel_for(s.B, s.T, s.HQ, s.H, s.K, s.V, s.dtype, s.device, s.W, (s.T,) * s.B, forced_dkv)
+        if not kernel.per_kv_head:
+            raise ValueError(f"dq path 'from-ds' runs the KV-head-owned dK/dV kernel ('gqa', 'gqa-split2' or "
+                             f"'gqa-split4'); dK/dV path {forced_dkv!r} is forced too")
+        split = kernel.split
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v, head dims up to 128, no gate and no sink")
-    if forced_dkv == "auto":  # auto's split where one keeps the GPU busy (`_auto_five`'s order), else 1
-        sms = config.sm_count(s.device)
-        split = next((split for split in config.FIVE_PRODUCT_SPLITS if G % split == 0 and config.group_fills_gpu(
-            (s.T,) * s.B, s.H, G, D, s.W, sms, split)), 1)
-    else:
-        split = _SPLITS[forced_dkv]
-        if G % split:
-            raise ValueError(f"dK/dV path {forced_dkv!r} deals each group's query heads to {split} programs, so it "
-                             f"needs HQ // H to be a multiple of {split}; got HQ // H = {G}")
     budget = settings.ds_budget_bytes()
     chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
     if chunk is None:
