@@ -8,6 +8,7 @@
 | FLA_BWD_FAST_LAUNCH | 0 or 1 | once, at import (`fast_launch`); `set_fast_launch(...)` changes it |
 | FLA_BWD_DQ_PATH | `DQ_PATHS` | at each backward (`forced_dq_path`); `dq_path(...)` overrides it for a block |
 | FLA_BWD_DS_BUDGET_MIB | a number >= 0 | at each backward (`ds_budget_bytes`): the five-product backward's scratch |
+| FLA_BWD_DS_KERNEL | `DS_KERNELS` | at each backward (`forced_ds_kernel`); `ds_kernel(...)` overrides it for a block |
 
 The per-backward ones are read per call so that tests and A/B runs can set them between calls. Values are the strings
 users type; the code that acts on them turns them into data at once (`parallel.DkvKernel`, `host.Containment`).
@@ -26,6 +27,9 @@ DQ_PATHS = ("auto", "recompute", "from-ds")
 # The five-product backward's dS scratch: at most this many MiB per backward (chunks of query heads beyond it; the
 # seven-product backward when one head of every KV head does not fit). README, "Memory".
 DEFAULT_DS_BUDGET_MIB = 1024
+# The five-product backward's dK/dV + dS kernel: "triton" (`parallel.parallel_attn_bwd_kernel_dkv_per_kv_head`) or
+# "hopper" (the warp-specialized Gluon kernel for sm_90, `fla_bwd.ops.attn.gluon_dkv`); "auto": hopper where it runs.
+DS_KERNELS = ("auto", "triton", "hopper")
 
 _fast_launch = os.environ.get("FLA_BWD_FAST_LAUNCH", "1") != "0"
 
@@ -57,6 +61,7 @@ class _PathSetting:
 
 _DKV = _PathSetting("dkv_path", "FLA_BWD_DKV_PATH", DKV_PATHS)
 _DQ = _PathSetting("dq_path", "FLA_BWD_DQ_PATH", DQ_PATHS)
+_DS_KERNEL = _PathSetting("ds_kernel", "FLA_BWD_DS_KERNEL", DS_KERNELS)
 
 
 def dkv_path(name: str):
@@ -79,6 +84,18 @@ def dq_path(name: str):
 def forced_dq_path() -> str:
     """The dq path forced by `dq_path(...)` or FLA_BWD_DQ_PATH, "auto" if none."""
     return _DQ.read()
+
+
+def ds_kernel(name: str):
+    """Force the five-product backward's dK/dV kernel inside a `with` block: one of `DS_KERNELS` ("auto": the
+    Hopper kernel wherever it can run, see `fla_bwd.ops.attn.gluon_dkv.why_not`). Overrides FLA_BWD_DS_KERNEL. A
+    forced "hopper" that cannot run a five-product backward raises ValueError. Read at backward time."""
+    return _DS_KERNEL.block(name)
+
+
+def forced_ds_kernel() -> str:
+    """The five-product dK/dV kernel forced by `ds_kernel(...)` or FLA_BWD_DS_KERNEL, "auto" if none."""
+    return _DS_KERNEL.read()
 
 
 def ds_budget_bytes() -> int:

@@ -7,6 +7,7 @@ config spill" without spending device time.
     python scripts/compile_sm90.py                     # every kernel at the configs the launchers use
     python scripts/compile_sm90.py --dkv BT=128,BS=64,num_warps=8
     python scripts/compile_sm90.py --dims 128 --plain --loops   # + per-loop instructions and spills (SASS)
+    python scripts/compile_sm90.py --hopper --loops              # the Gluon dK/dV kernel (gluon_dkv.py)
 
 `--sass-hash` adds a hash of each kernel's whole SASS: a change that must not alter the generated code (a new
 constexpr variant, a refactor) is checked by comparing the hashes before and after it.
@@ -58,6 +59,31 @@ def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
                 attrs[(i,)] = [["tt.divisibility", 16]]  # and of an integer multiple of 16
     return triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: int = 2, chunk: int = 2):
+    """The Gluon dK/dV kernel (`gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper`) for sm_90 at H = 4, G = 8, with
+    the pointer types its launches pass (ACC_IN, ACC_OUT: fp32 sums read, written)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    import fla_bwd.ops.attn.gluon_dkv as GD
+
+    fn = GD.parallel_attn_bwd_kernel_dkv_ds_hopper
+    e = TYPES[dtype]
+    out = "*fp32" if acc_out or split > 1 else "*" + e
+    sig = dict(q_desc=f"tensordesc<{e}[64, 128],{GD.Q_SMEM.value!r}>", k_desc=f"tensordesc<{e}[128, 128],"
+               f"{GD.KV_SMEM.value!r}>", lse_desc=f"tensordesc<fp32[64],{GD.ROW_SMEM.value!r}>",
+               ds_desc=f"tensordesc<{e}[64, 64],{GD.DS_TILE.value!r}>", dk=out, dv=out,
+               dk_in="*fp32" if acc_in else out, nonfinite="*i8", sched="*i32", L="i32", B="i32", T="i32",
+               NTILE="i32", G0="i32", qk_scale="fp32", dk_scale="fp32", ACC_IN="i32")
+    sig.update(v_desc=sig["k_desc"], do_desc=sig["q_desc"], delta_desc=sig["lse_desc"], dv_in=sig["dk_in"])
+    values = dict(H=4, G=8, SPLIT=split, CHUNK=chunk, STAGES=GD.STAGES, PRODUCER_REGS=GD.PRODUCER_REGS)
+    names = fn.arg_names
+    signature = {n: sig.get(n, "constexpr") for n in names}
+    constexprs = {(names.index(n),): v for n, v in values.items()}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("dk", "dv", "dk_in", "dv_in", "nonfinite", "sched")}
+    return triton.compile(GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=GD.CONSUMER_WARPS))
 
 
 def cuobjdump(compiled, flag: str) -> str:
@@ -186,6 +212,7 @@ def main():
     ap.add_argument("--plain", action="store_true", help="no gate and no sink (default: both)")
     ap.add_argument("--gate-only", action="store_true", help="a gate and no sink")
     ap.add_argument("--five", action="store_true", help="the five-product backward's kernels (from_ds.py)")
+    ap.add_argument("--hopper", action="store_true", help="the Gluon dK/dV kernel (gluon_dkv.py) instead")
     ap.add_argument("--loops", action="store_true", help="also list each matrix-product loop's size and spills")
     ap.add_argument("--sass-hash", action="store_true", help="also print a hash of each kernel's whole SASS")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -197,6 +224,18 @@ def main():
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("compile_sm90.py compiles for the GPU: run it without TRITON_INTERPRET=1")
+    if args.hopper:
+        over = []
+        for acc_in, acc_out in ((False, False), (True, True), (True, False)):
+            c = compile_hopper_sm90(getattr(torch, args.dtype), acc_in, acc_out)
+            print(f"hopper dkv ACC_IN={acc_in} ACC_OUT={acc_out} {args.dtype}: {resource_report(c)}", flush=True)
+            if args.loops:
+                print("\n".join(loop_report(c)), flush=True)
+            if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
+                over.append(f"ACC_IN={acc_in} ACC_OUT={acc_out}: {c.metadata.shared} B")
+        if args.check_smem and over:
+            raise SystemExit("over the shared-memory limit: " + "; ".join(over))
+        return
     overrides = {k: getattr(args, k) for k in ("fwd", "dq", "dkv")}
     if args.plain and args.gate_only:
         raise SystemExit("--plain and --gate-only exclude each other")

@@ -7,7 +7,7 @@ interleaved rounds, medians), per-kernel times, oracle error and bitwise checks,
 Candidates: "seven" (FLA_BWD_DQ_PATH=recompute), "five" (from-ds at the default dS budget), "five-1chunk"
 (from-ds with a budget large enough for one chunk) and "five@N" (from-ds at a budget of N MiB: smaller chunks), each
 optionally with knobs of the dQ-from-dS launch: "+wN" (num_warps N), "+sN" (num_stages N), "+rN" (maxnreg N),
-e.g. "five+w8+r128".
+e.g. "five+w8+r128", and "+triton" / "+hopper" (FLA_BWD_DS_KERNEL: the dK/dV kernel, default "auto").
 The
 results of issue 18's runs are in benchmarks/results/five-product/ (runs 1-3 and 10-11 used experiment switches,
 FLA_BWD_EXP_*, since removed: PERF.md #42 says which variant each was).
@@ -50,6 +50,8 @@ def knobs(name) -> dict:
     launch = dict(config.DQ_FROM_DS_LAUNCH)
     out = {}
     for knob in name.split("+")[1:]:
+        if knob in ("triton", "hopper"):
+            continue  # the ds kernel, `_Env`
         if knob[:1] in ("w", "s", "r") and knob[1:].isdigit():
             launch[{"w": "num_warps", "s": "num_stages", "r": "maxnreg"}[knob[0]]] = int(knob[1:])
         else:
@@ -68,11 +70,15 @@ class _Env:
     def __init__(self, cand):
         self.path, self.budget = candidate(cand)
         self.knobs = knobs(cand)
+        parts = cand.split("+")[1:]
+        self.ds = "triton" if "triton" in parts else "hopper" if "hopper" in parts else "auto"
         self.plans = _PLAN_CACHES.setdefault(cand, {})
 
     def __enter__(self):
         self.ctx = settings.dq_path(self.path)
         self.ctx.__enter__()
+        self.ds_ctx = settings.ds_kernel(self.ds)
+        self.ds_ctx.__enter__()
         self.old = os.environ.pop("FLA_BWD_DS_BUDGET_MIB", None)
         if self.budget is not None:
             os.environ["FLA_BWD_DS_BUDGET_MIB"] = self.budget
@@ -88,6 +94,7 @@ class _Env:
         os.environ.pop("FLA_BWD_DS_BUDGET_MIB", None)
         if self.old is not None:
             os.environ["FLA_BWD_DS_BUDGET_MIB"] = self.old
+        self.ds_ctx.__exit__(*exc)
         self.ctx.__exit__(*exc)
 
 

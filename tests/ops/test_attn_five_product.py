@@ -186,8 +186,10 @@ def _shape(**kw):
 ], ids=["mha", "fp16", "T4096", "T1024", "g2", "g4", "g8-T8192", "g8-imbalanced", "g8-T4096", "g16", "D64", "window",
         "gate", "sink", "fp32", "over-budget"])
 def test_auto_dispatch(kw, expected, monkeypatch):
+    """The Triton kernel's rule (the Hopper kernel's: tests/ops/test_attn_gluon_dkv.py)."""
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
+    monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
     five = from_ds.five_product_chunk(_shape(**kw), True, "auto")
     assert five == (None if expected is None else from_ds.FiveProduct(*expected)), five
     assert from_ds.five_product_chunk(_shape(**kw), False, "auto") is None  # packed: seven products
@@ -200,8 +202,10 @@ def test_auto_dispatch(kw, expected, monkeypatch):
 def test_auto_runs_five_products_where_it_dispatches(monkeypatch):
     """End to end through "auto" (the length threshold lowered to the interpreter's sizes, and on the CPU one SM,
     which these short calls keep busy): the five-product backward runs and matches the oracle for MHA and GQA, while
-    a call outside the rule (D = 64 on the CPU, load-imbalanced GQA on the GPU) keeps seven products."""
+    a call outside the rule (D = 64 on the CPU, load-imbalanced GQA on the GPU) keeps seven products. On the GPU
+    the Hopper kernel's calls run the Triton kernel here (the Hopper one: tests/ops/test_attn_gluon_dkv.py)."""
     monkeypatch.setattr(config, "FIVE_PRODUCT_MIN_T", 64)
+    monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
     if DEVICE != "cuda":
         monkeypatch.setattr(config, "sm_count", lambda device: 1)
     spy = ChunkSpy(monkeypatch)
@@ -218,8 +222,10 @@ def test_auto_runs_five_products_where_it_dispatches(monkeypatch):
 def test_auto_splits_imbalanced_calls(monkeypatch):
     """A GQA call that one program per KV head leaves imbalanced runs five products with each group's heads split
     over four programs a key tile (`config.FIVE_PRODUCT_SPLITS`), end to end and against the oracle (on the CPU at
-    two SMs, where the short case is imbalanced unsplit)."""
+    two SMs, where the short case is imbalanced unsplit). The Triton kernel's rule (the Hopper kernel's own split:
+    tests/ops/test_attn_gluon_dkv.py)."""
     monkeypatch.setattr(config, "FIVE_PRODUCT_MIN_T", 64)
+    monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
     if DEVICE != "cuda":
         monkeypatch.setattr(config, "sm_count", lambda device: 2)
     spy = ChunkSpy(monkeypatch)

@@ -104,3 +104,15 @@ def test_five_product_kernels_fit_hopper_shared_memory():
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
     assert out.count("smem") == 16, out
+
+
+def test_hopper_dkv_kernel_fits_hopper_shared_memory():
+    """The five-product backward's Gluon dK/dV kernel (`gluon_dkv.py`; scripts/compile_sm90.py --hopper: its three
+    launch forms, fp32 sums read and/or written) compiles for sm_90 with the Triton installed here and fits."""
+    import fla_bwd.ops.attn.gluon_dkv  # noqa: F401 - for scripts/find_dependent_tests.py
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    rc, lines = run_watched([sys.executable, SCRIPT, "--hopper", "--check-smem"], env)
+    out = "\n".join(lines)
+    assert rc == 0, out[-4000:]
+    assert out.count("smem") == 3, out

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from fla_bwd import settings
 from fla_bwd.utils import cdiv, is_interpreter
 
 
@@ -89,6 +90,16 @@ def tile_config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dic
 # Calls with less work than this (B * HQ * T * min(T, W) * max(K, V)) contain NaN/Inf inline, larger ones in two
 # launches: where a second launch's host time equals what inline costs the GPU (#31).
 INLINE_CONTAINMENT_WORK = 2**29
+
+
+def contain_inline(B: int, HQ: int, T: int, W: int, D: int) -> bool:
+    """Whether the kernels of one call contain a NaN/Inf input inline (one launch) rather than in two launches
+    (see `host.add_contained`); both contain exactly. FLA_BWD_CONTAINMENT forces either (for A/B timing and the
+    tests, which run every NaN/Inf case both ways; plans are keyed on it, `Shape.containment`)."""
+    forced = settings.forced_containment()
+    if forced != "auto":
+        return forced == "inline"
+    return B * HQ * T * min(T, W) * D < INLINE_CONTAINMENT_WORK
 
 
 class DeltaMode(NamedTuple):

@@ -23,7 +23,8 @@ measured faster (`five_product_chunk`): long full-causal MHA and GQA whose launc
 one program per KV head would not (#42q); windows and D = 64 lost (PERF.md #42). The dS store goes through a
 device-side tensor descriptor (a bulk copy from shared memory): per-element pointer stores cost more (#42c). A
 launch runs at most two heads of each share: with a head loop around the store the dK/dV kernel spilled 5x more at
-run time (#42i).
+run time (#42i). On Hopper, calls with K = V = 128 and T a multiple of 128 run the warp-specialized Gluon kernel
+instead (`gluon_dkv.py`, one launch a chunk, its own split rule; FLA_BWD_DS_KERNEL picks, PERF.md #42w).
 """
 
 import functools
@@ -35,7 +36,7 @@ import triton
 import triton.language as tl
 
 from fla_bwd import settings
-from fla_bwd.ops.attn import config
+from fla_bwd.ops.attn import config, gluon_dkv
 from fla_bwd.ops.attn.config import tile_config
 from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows
 from fla_bwd.ops.attn.parallel import dkv_kernel_for
@@ -198,10 +199,27 @@ def eligible(s) -> bool:
 
 class FiveProduct(NamedTuple):
     """How a five-product backward runs: each group's query heads dealt to `split` programs a key tile (shares of
-    G / split heads, as `config.gqa_split` deals them for the seven-product kernel), and `chunk` heads of every
-    share whose dS tiles are stored at once (the budget's unit, `ds_chunk`)."""
+    G / split heads, as `config.gqa_split` deals them for the seven-product kernel), `chunk` heads of every
+    share whose dS tiles are stored at once (the budget's unit, `ds_chunk`), and whether the Hopper kernel
+    (`gluon_dkv`, one launch a chunk) or the Triton kernel (one or two heads a launch) computes dK/dV and dS."""
     split: int
     chunk: int
+    hopper: bool = False
+
+
+def _hopper(s) -> bool:
+    """Whether this five-product backward (an `eligible`, dense call) runs the Hopper dK/dV kernel: where it can
+    (`gluon_dkv.why_not`, and two-launch containment: it is the FLAG launch) unless FLA_BWD_DS_KERNEL says
+    "triton"; a forced "hopper" that cannot raises ValueError."""
+    forced = settings.forced_ds_kernel()
+    if forced == "triton":
+        return False
+    why = gluon_dkv.why_not(s, s.device)
+    if why is None and config.contain_inline(s.B, s.HQ, s.T, s.W, max(s.K, s.V)):
+        why = "it is the first of two containment launches, and this call contains NaN/Inf inline"
+    if forced == "hopper" and why is not None:
+        raise ValueError(f"ds kernel 'hopper' (FLA_BWD_DS_KERNEL) cannot run this backward: {why}")
+    return why is None
 
 
 @functools.lru_cache(maxsize=256)
@@ -236,22 +254,28 @@ def _auto_five(s) -> Optional[FiveProduct]:
     if not (64 < D <= 128 and s.W >= s.T and s.T >= config.FIVE_PRODUCT_MIN_T):
         return None
     budget = settings.ds_budget_bytes()
+    G = s.HQ // s.H
+    if _hopper(s):
+        split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
+        chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
+        return None if chunk is None else FiveProduct(split, chunk, True)
     for split in _busy_splits(s):
-        chunk = ds_chunk(s.B, s.T, s.H, s.HQ // s.H, s.W, D, budget, split)
+        chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
         if chunk is not None:
             return FiveProduct(split, chunk)
     return None
 
 
 def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]:
-    """The split and chunk of a backward of Shape s, or None for the seven-product backward (settings read now;
-    `forced_dkv` is the caller's `settings.forced_dkv_path()`).
+    """The split, chunk and dK/dV kernel of a backward of Shape s, or None for the seven-product backward (settings
+    read now; `forced_dkv` is the caller's `settings.forced_dkv_path()`).
 
     "auto": five products only where they measured faster (`_auto_five`: long dense calls that a split keeps
     balanced), no other dK/dV kernel forced and the dS tiles within the budget; else seven. Asked for
     (`settings.dq_path("from-ds")`, FLA_BWD_DQ_PATH=from-ds), the split is the forced dK/dV path's ("gqa": 1,
-    "gqa-split2": 2, "gqa-split4": 4) or, under "auto", the first of `config.FIVE_PRODUCT_SPLITS` that keeps the
-    GPU busy (1 where none does); a call it cannot run raises ValueError rather than falling back: the
+    "gqa-split2": 2, "gqa-split4": 4) or, under "auto", the Hopper kernel's (`gluon_dkv.split_for`) where it runs
+    (`_hopper`), else the first of `config.FIVE_PRODUCT_SPLITS` that keeps the GPU busy (1 where none does); a call
+    it cannot run raises ValueError rather than falling back: the
     query-head-owned dK/dV kernel forced, a split that does not divide the group, a call outside `eligible`, packed
     sequences, or a budget (`settings.ds_budget_bytes`) too small for one query head of every share. "recompute":
     seven products."""
@@ -274,22 +298,26 @@ def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v, head dims up to 128, no gate and no sink")
+    hopper = _hopper(s)
+    if hopper and forced_dkv == "auto":
+        split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
     budget = settings.ds_budget_bytes()
     chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
     if chunk is None:
         raise ValueError(f"dq path 'from-ds': one query head of every KV head's share needs more dS scratch than "
                          f"FLA_BWD_DS_BUDGET_MIB = {budget / 2**20:g} MiB allows")
-    return FiveProduct(split, chunk)
+    return FiveProduct(split, chunk, hopper)
 
 
 def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> None:
-    """Add delta, then per chunk its dK/dV launches (`add_dkv_launch(plan, s, out, SPLIT, **launch args)`: host.py's,
-    which adds the buffers and containment; one or two query heads of each share a launch, `config`) and the
+    """Add delta, then per chunk its dK/dV launches (`add_dkv_launch(plan, s, out, SPLIT, hopper, **launch args)`:
+    host.py's, which adds the buffers and containment; one or two query heads of each share a launch, `config`, or
+    with the Hopper kernel the whole chunk) and the
     dQ-from-dS launch, to `plan`; with a split, the shares' fp32 dK/dV partials summed last (`add_group_sum`).
     Buffers: "dq", "delta", "ds" (the chunk's tiles, reused by every chunk), and two fp32 dK/dV sum buffers when
     there are several launches (ping-pong: a FIXUP launch re-reads the sums its FLAG launch started from)."""
     G = s.HQ // s.H
-    split, chunk = five
+    split, chunk, hopper = five
     cfg = tile_config("dkv", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
     NTOK = s.B * s.T
@@ -305,7 +333,8 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     NP = s.H * split  # programs a key tile
     bands = s.B * NP * chunk
     ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
-    heads = math.gcd(chunk, 2 if s.T < config.DS_TWO_HEADS_BELOW_T else 1)
+    # The Hopper kernel runs a chunk a launch; the Triton kernel one or two heads (a head loop spills, #42i).
+    heads = chunk if hopper else math.gcd(chunk, 2 if s.T < config.DS_TWO_HEADS_BELOW_T else 1)
     launches = G // split // heads
 
     def fp32_pair(name):
@@ -318,7 +347,7 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     for n in range(launches):
         last = n == launches - 1
         dk_in, dv_in = sums[(n - 1) % 2] if n > 0 else (None, None)
-        add_dkv_launch(plan, s, last_out if last else sums[n % 2], split, ds=ds, NTILE=ntile, G0=n * heads,
+        add_dkv_launch(plan, s, last_out if last else sums[n % 2], split, hopper, ds=ds, NTILE=ntile, G0=n * heads,
                        CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
         done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
         if done % chunk == 0 and s.T:  # a whole chunk: its dq rows

@@ -16,8 +16,9 @@ from typing import NamedTuple, Optional
 import torch
 
 from fla_bwd import settings
-from fla_bwd.ops.attn.config import DELTA_MODES, INLINE_CONTAINMENT_WORK, dkv_tiles, tile_config
+from fla_bwd.ops.attn.config import DELTA_MODES, contain_inline, dkv_tiles, tile_config
 from fla_bwd.ops.attn.from_ds import FiveProduct, add_five_product_backward, five_product_chunk
+from fla_bwd.ops.attn.gluon_dkv import HopperDkvLaunch
 from fla_bwd.ops.attn.inner import FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.parallel import (
     DkvKernel,
@@ -121,16 +122,6 @@ def _on_device(device: torch.device):
 # ----------------------------------------------------------------------------------------------------------------
 # Containment
 # ----------------------------------------------------------------------------------------------------------------
-
-def contain_inline(B: int, HQ: int, T: int, W: int, D: int) -> bool:
-    """Whether the kernels of one call contain a NaN/Inf input inline (one launch) rather than in two launches
-    (see `add_contained`); both contain exactly. FLA_BWD_CONTAINMENT forces either (for A/B timing and the
-    tests, which run every NaN/Inf case both ways; plans are keyed on it, `Shape.containment`)."""
-    forced = settings.forced_containment()
-    if forced != "auto":
-        return forced == "inline"
-    return B * HQ * T * min(T, W) * D < INLINE_CONTAINMENT_WORK
-
 
 def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict, scratch: bool = False) -> None:
     """Launch a kernel over `programs` programs so that a non-finite input reaches only the outputs that depend
@@ -254,17 +245,29 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
         add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, out_dtype)
 
 
-def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, **five) -> None:
+def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper: bool, **five) -> None:
     """One chunk's dK/dV launch of the five-product backward (`from_ds.add_five_product_backward`): the
     KV-head-owned kernel with the dS store, `split` programs a key tile; `out` its fp32 buffers `[B, T, H * split,
-    *]`, or None for the last launch of an unsplit call ("dk", "dv" in the inputs' dtype)."""
+    *]`, or None for the last launch of an unsplit call ("dk", "dv" in the inputs' dtype). `hopper`: the Gluon
+    kernel (`gluon_dkv`) computes the chunk as the FLAG launch of two-launch containment, and the Triton kernel's
+    FIXUP launch recomputes the tiles it flagged."""
     dk, dv = out if out is not None else (plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype),
                                           plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype))
     _, NT, args = _common(plan, s, None, "dkv")
-    if NT > 0:
-        add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, NT * s.B * s.H * split, dict(
-            args, do=Ref("do"), dk=dk, dv=dv, dgc_k=None, lse=Ref("lse"), delta=Ref("delta"), g_cumsum=None,
-            dsink_partial=None, dsink=None, NUM_PARTIALS=0, SPLIT=split, **five), scratch=True)
+    if NT == 0:
+        return
+    programs = NT * s.B * s.H * split
+    args = dict(args, do=Ref("do"), dk=dk, dv=dv, dgc_k=None, lse=Ref("lse"), delta=Ref("delta"), g_cumsum=None,
+                dsink_partial=None, dsink=None, NUM_PARTIALS=0, SPLIT=split, **five)
+    if not hopper:
+        add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, programs, args, scratch=True)
+        return
+    plan.flags = max(plan.flags, programs)
+    plan.add(HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
+        q=Ref("q"), k=Ref("k"), v=Ref("v"), do=Ref("do"), lse=Ref("lse"), delta=Ref("delta"), ds=five["ds"], dk=dk,
+        dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"])))
+    plan.launch(parallel_attn_bwd_kernel_dkv_per_kv_head, (programs,), True, nonfinite=Ref("flags"),
+                CONTAIN=FIXUP.value, **args)
 
 
 # ----------------------------------------------------------------------------------------------------------------

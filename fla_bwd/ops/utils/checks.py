@@ -55,6 +55,10 @@ def _kernel_types() -> tuple:
     except ImportError:  # pragma: no cover - a triton without the interpreter
         InterpretedFunction = None
     leaves = (JITFunction,) + ((InterpretedFunction,) if InterpretedFunction is not None else ())
+    try:  # Gluon kernels (`gluon_dkv`) are compiled under the interpreter too: it has none for them
+        from triton.experimental.gluon._runtime import GluonJITFunction
+    except ImportError:  # pragma: no cover - a triton without Gluon
+        GluonJITFunction = ()
     ours = {type(_probe)}
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "fla_bwd" or name.startswith("fla_bwd.")):
@@ -62,6 +66,8 @@ def _kernel_types() -> tuple:
         for x in list(vars(module).values()):
             while isinstance(x, KernelInterface) and not isinstance(x, leaves) and hasattr(x, "fn"):
                 x = x.fn  # triton.heuristics / autotune wrappers
+            if isinstance(x, GluonJITFunction):
+                continue
             if isinstance(x, leaves) and getattr(getattr(x, "fn", None), "__module__", "").startswith("fla_bwd"):
                 ours.add(type(x))
     # triton.language's own @jit helpers (tl.sum, tl.max, tl.cdiv, ...) were decorated when triton was imported.

@@ -167,6 +167,10 @@ class Plan:
         self.steps.append(Apply(name, fn, tuple(r.name for r in refs)))
         return Ref(name)
 
+    def add(self, step: Callable[[dict, torch.device, Optional[int]], None]) -> None:
+        """Add a step of another kind: called as `step(env, device, stream)` (e.g. `gluon_dkv.HopperDkvLaunch`)."""
+        self.steps.append(step)
+
     def launch(self, kernel, grid: Sequence[int], scratch: bool = False, **args) -> None:
         """Add a launch; `scratch`: the kernel makes tensor descriptors (`ScratchLaunch`)."""
         self.steps.append((ScratchLaunch if scratch else Launch)(kernel, grid, args))

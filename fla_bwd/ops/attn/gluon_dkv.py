@@ -1,0 +1,331 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""The five-product backward's dK/dV kernel for Hopper, written in Gluon (issue 18, PERF.md #42w).
+
+Same outputs as the Triton KV-head-owned kernel with STORE_DS (`parallel.parallel_attn_bwd_kernel_dkv_per_kv_head`,
+`from_ds.py`'s tile layout), in FlashAttention-3's structure, which Triton 3.6 does not build from the Triton kernel
+(PERF.md #42r): a persistent grid, one producer warp that copies K/V and each (query head, query block)'s q, dO,
+lse and delta by TMA into a ring of shared-memory stages behind mbarriers, and two consumer warpgroups that run the
+four products of a [128 keys, 64 queries] tile (64 keys each, sharing every q/dO stage) and store the 16-bit dS^T
+by TMA from a double-buffered shared-memory tile. Work items are (128-key tile, batch, KV head, share of the
+group), dealt to the programs longest first (`schedule`: static, so the result is deterministic).
+
+It is the FLAG launch of the two-launch containment (`host.add_contained`): every 64-key tile's flag says whether
+its dK/dV is not finite, and the Triton kernel's FIXUP launch recomputes those tiles with containment.
+
+Scope (`applies`): sm_90, 16-bit q/k/v, head dims K = V = 128, full causal, T a multiple of 128, dense, one launch
+per chunk of heads. Gluon has no CPU interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
+"""
+
+import functools
+import heapq
+import math
+from typing import Optional
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fla_bwd.ops.attn import config
+from fla_bwd.ops.utils.launch import Ref
+from fla_bwd.utils import is_interpreter
+
+# Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; later releases (3.9 on CI) async_load / async_store.
+_tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
+_tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
+LOG2E = math.log2(math.e)
+BT = 128  # keys an item: two consumer warpgroups of 64 (the Triton kernel's key tile, so flags and dS tiles match)
+BQ = 64  # queries a block (the Triton kernel's BS)
+D = 128
+CONSUMER_WARPS = 8
+MMA_S = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
+                                               instr_shape=[16, BQ, 16]))
+MMA_D = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
+                                               instr_shape=[16, D, 16]))
+OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_D.value, k_width=2))
+# 16-bit layouts: fp16 and bf16 share them (the swizzle depends on the element width only).
+Q_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, D], gl.bfloat16))
+KV_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BT, D], gl.bfloat16))
+DS_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BT, BQ], gl.bfloat16))
+DS_TILE = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, BQ], gl.bfloat16))
+ROW_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ], gl.float32))
+STAGE_BYTES = gl.constexpr(2 * BQ * D * 2 + 2 * BQ * 4)  # q, dO, lse, delta of one block
+KV_BYTES = gl.constexpr(2 * BT * D * 2)
+BT_C = gl.constexpr(BT)
+BQ_C = gl.constexpr(BQ)
+D_C = gl.constexpr(D)
+STAGES = 3  # q/dO stages: 3 beat 2 by 1-3% at one K/V buffer (#42w); 198 KB of shared memory
+PRODUCER_REGS = 24  # the producer only issues copies
+MAX_IMBALANCE = 1.05  # `split_for`: the longest program's work over the mean
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _item(sched, t, L, B, H: gl.constexpr, SPLIT: gl.constexpr):
+    """(128-key tile m, batch, KV head, share) of this program's t-th item (`schedule`)."""
+    item = gl.load(sched + gl.program_id(0) * (1 + L) + 1 + t)
+    bh = item // SPLIT % (B * H)
+    return item // (SPLIT * B * H), bh // H, bh % H, item % SPLIT
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
+              L, B, T, NTILE, G0, qk_scale, dk_scale,
+              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+              H: gl.constexpr, G: gl.constexpr, SPLIT: gl.constexpr, CHUNK: gl.constexpr, ACC_IN,
+              STAGES: gl.constexpr):
+    """Copies each item's K/V, then q, dO, lse, delta of every (head of the chunk, query block from the diagonal)
+    into the next free stage."""
+    i = 0
+    for t in range(gl.load(sched + gl.program_id(0) * (1 + L))):
+        m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
+        mbarrier.wait(kv_empty.index(0), t & 1)
+        mbarrier.expect(kv_ready.index(0), KV_BYTES)
+        _tma_load(k_desc, [i_b * T + m * BT_C, i_h * D_C], kv_ready.index(0), k_smem)
+        _tma_load(v_desc, [i_b * T + m * BT_C, i_h * D_C], kv_ready.index(0), v_smem)
+        for c in range(CHUNK):
+            i_hq = i_h * G + i_p * (G // SPLIT) + G0 + c
+            row = i_hq * (B * T) + i_b * T  # lse, delta: [HQ, B * T]
+            for qi in range(2 * m, T // BQ_C):
+                s = i % STAGES
+                mbarrier.wait(empty.index(s), (i // STAGES) & 1)
+                mbarrier.expect(ready.index(s), STAGE_BYTES)
+                _tma_load(lse_desc, [row + qi * BQ_C], ready.index(s), lse_smem.index(s))
+                _tma_load(delta_desc, [row + qi * BQ_C], ready.index(s), delta_smem.index(s))
+                _tma_load(q_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s),
+                                                q_smem.index(s))
+                _tma_load(do_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s),
+                                                do_smem.index(s))
+                i += 1
+
+
+@gluon.jit
+def _store_ds(ds_desc, ds_smem, b_ds, i, row, qi, m):
+    """dS^T tiles (qi, 2m) and (qi, 2m + 1), consecutive in the band (`from_ds.ds_layout`, causal); block qi = 2m
+    sees only the first."""
+    db = i % 2
+    tma.store_wait(pendings=1)  # the copy that last read buffer db has finished
+    ds_smem.index(db).store(b_ds)
+    fence_async_shared()
+    tile = qi * (qi + 1) // 2 + 2 * m
+    _tma_store(ds_desc, [row + tile * BQ_C, 0], ds_smem.index(db).slice(0, BQ_C))
+    if qi > 2 * m:
+        _tma_store(ds_desc, [row + (tile + 1) * BQ_C, 0], ds_smem.index(db).slice(BQ_C, BQ_C))
+
+
+@gluon.jit
+def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
+              L, B, T, NTILE, G0, qk_scale, dk_scale,
+              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+              H: gl.constexpr, G: gl.constexpr, SPLIT: gl.constexpr, CHUNK: gl.constexpr, ACC_IN,
+              STAGES: gl.constexpr):
+    """The four products of every block of an item, the dS^T stores, then the item's dK/dV and flags."""
+    dtype: gl.constexpr = q_desc.dtype
+    o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S))
+    o_key = gl.arange(0, BT_C, layout=gl.SliceLayout(1, MMA_S))
+    o_r = gl.arange(0, BT_C, layout=gl.SliceLayout(1, MMA_D))
+    o_c = gl.arange(0, D_C, layout=gl.SliceLayout(0, MMA_D))
+    zero_s = gl.zeros([BT_C, BQ_C], gl.float32, MMA_S)
+    i = 0
+    for t in range(gl.load(sched + gl.program_id(0) * (1 + L))):
+        m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
+        i_head = i_h * SPLIT + i_p
+        # [BT, D]: rows of `[B, T, H * SPLIT, D]`
+        p_out = ((i_b * T + m * BT_C + o_r).to(gl.int64) * (H * SPLIT) + i_head)[:, None] * D_C + o_c[None, :]
+        acc_dk = gl.zeros([BT_C, D_C], gl.float32, MMA_D)
+        acc_dv = gl.zeros([BT_C, D_C], gl.float32, MMA_D)
+        if ACC_IN:  # a runtime flag: constexprs reach warp_specialize's partitions as values
+            acc_dk = gl.load(dk_in + p_out).to(gl.float32)
+            acc_dv = gl.load(dv_in + p_out).to(gl.float32)
+        mbarrier.wait(kv_ready.index(0), t & 1)
+        for c in range(CHUNK):
+            band = ((i_b * H + i_h) * SPLIT + i_p) * CHUNK + c  # `from_ds.add_five_product_backward`'s band order
+            row = band * NTILE * BQ_C
+            for qi in range(2 * m, T // BQ_C):
+                s = i % STAGES
+                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+                b_lse = lse_smem.index(s).load(gl.SliceLayout(0, MMA_S))
+                b_delta = delta_smem.index(s).load(gl.SliceLayout(0, MMA_S))
+                b_q = q_smem.index(s)
+                b_do = do_smem.index(s)
+                # [BT, BQ]: S^T = K Q^T
+                tok = warpgroup_mma(k_smem, b_q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                b_st = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+                b_pt = gl.exp2(b_st * qk_scale - b_lse[None, :])
+                if qi < 2 * m + 2:  # the diagonal blocks: key <= query
+                    b_pt = gl.where((m * BT_C + o_key)[:, None] <= (qi * BQ_C + o_q)[None, :], b_pt, 0.0)
+                acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A), b_do, acc_dv, is_async=True)
+                # [BT, BQ]: dP^T = V dO^T
+                tok = warpgroup_mma(v_smem, b_do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                acc_dv, b_dpt = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, tok))
+                b_ds = (b_pt * (b_dpt - b_delta[None, :])).to(dtype)
+                _store_ds(ds_desc, ds_smem, b_ds, i, row, qi, m)
+                acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
+                acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dk,))
+                mbarrier.arrive(empty.index(s), count=1)
+                i += 1
+        mbarrier.arrive(kv_empty.index(0), count=1)
+        # The FLAG launch's flags: per 64-key tile (the Triton kernel's program index), whether dK or dV is not finite.
+        bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
+        first = i_b * (H * SPLIT) + i_head + 2 * m * (B * H * SPLIT)
+        gl.store(nonfinite + first, gl.max(gl.where(o_r < BQ_C, bad, 0), 0).to(gl.int8))
+        gl.store(nonfinite + first + B * H * SPLIT, gl.max(gl.where(o_r >= BQ_C, bad, 0), 0).to(gl.int8))
+        gl.store(dk + p_out, (acc_dk * dk_scale).to(dk.dtype.element_ty))
+        gl.store(dv + p_out, acc_dv.to(dv.dtype.element_ty))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit(do_not_specialize=["L", "B", "T", "NTILE", "G0"])
+def parallel_attn_bwd_kernel_dkv_ds_hopper(
+    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched, L, B, T,
+    NTILE, G0, qk_scale, dk_scale, ACC_IN, H: gl.constexpr, G: gl.constexpr, SPLIT: gl.constexpr,
+    CHUNK: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    """dK/dV of heads [G0, G0 + CHUNK) of each share of G / SPLIT query heads, their dS^T tiles (`from_ds.py`'s
+    layout, bands of NTILE tiles) and the FLAG launch's flags; dk, dv `[B, T, H * SPLIT, D]`, dk times dk_scale
+    (the softmax scale, or 1 for the unscaled fp32 sums a next chunk continues), started from dk_in, dv_in where
+    ACC_IN (a runtime 0/1: else they are not read), as the Triton kernel's ACC_IN / ACC_OUT."""
+    gl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BQ_C, D_C], Q_SMEM)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BQ_C, D_C], Q_SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [BT_C, D_C], KV_SMEM)
+    v_smem = gl.allocate_shared_memory(dtype, [BT_C, D_C], KV_SMEM)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BQ_C], ROW_SMEM)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BQ_C], ROW_SMEM)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BT_C, BQ_C], DS_SMEM)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+        mbarrier.arrive(empty.index(s), count=1)  # every stage starts free
+    mbarrier.init(kv_ready.index(0), count=1)
+    mbarrier.init(kv_empty.index(0), count=1)
+    mbarrier.arrive(kv_empty.index(0), count=1)
+    args = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
+            L, B, T, NTILE, G0, qk_scale, dk_scale,
+            q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+            H, G, SPLIT, CHUNK, ACC_IN, STAGES)
+    gl.warp_specialize([(_consumer, args), (_producer, args)], [1], [PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Schedule, scope, launch
+# ----------------------------------------------------------------------------------------------------------------
+
+def _item_blocks(B: int, T: int, H: int, split: int):
+    """Every item ((m * B + b) * H + h) * split + share and its query blocks per head (T / 64 - 2m, causal)."""
+    return [(((m * B + b) * H + h) * split + p, T // BQ - 2 * m)
+            for m in range(T // BT) for b in range(B) for h in range(H) for p in range(split)]
+
+
+@functools.lru_cache(maxsize=256)
+def _lpt(B: int, T: int, H: int, split: int, programs: int):
+    """(items per program, max over mean load): longest first, each to the least loaded program."""
+    heap = [(0, p) for p in range(programs)]
+    lists = [[] for _ in range(programs)]
+    for item, blocks in sorted(_item_blocks(B, T, H, split), key=lambda x: -x[1]):
+        load, p = heapq.heappop(heap)
+        lists[p].append(item)
+        heapq.heappush(heap, (load + blocks, p))
+    loads = [load for load, _ in heap]
+    return tuple(tuple(li) for li in lists), max(loads) * programs / sum(loads)
+
+
+def imbalance(B: int, T: int, H: int, split: int, programs: int) -> float:
+    """The longest program's query blocks over the mean, for items of `split` shares on `programs` programs."""
+    return _lpt(B, T, H, split, programs)[1]
+
+
+@functools.lru_cache(maxsize=256)
+def schedule(B: int, T: int, H: int, split: int, programs: int, device: torch.device):
+    """([programs, 1 + L] int32 on `device`: per program its item count then its items, L)."""
+    lists, _ = _lpt(B, T, H, split, programs)
+    L = max(len(li) for li in lists)
+    tab = torch.zeros(programs, 1 + L, dtype=torch.int32)
+    for p, li in enumerate(lists):
+        tab[p, 0] = len(li)
+        tab[p, 1:1 + len(li)] = torch.tensor(li, dtype=torch.int32)
+    return tab.to(device), L
+
+
+def programs_for(B: int, T: int, H: int, split: int, sms: int) -> int:
+    """One program an SM (198 KB of shared memory each), no more than there are items."""
+    return max(1, min(sms, B * H * split * (T // BT)))
+
+
+def split_for(B: int, T: int, H: int, G: int, sms: int) -> int:
+    """The fewest shares of each group (1, 2, 4 dividing G) whose items balance the programs within
+    `MAX_IMBALANCE` (measured #42w: G8 at T4096 and B2 T2048 need 2; B1 T8192, GQA4 and MHA at B2 T2048 run 1), else
+    the best balanced."""
+    splits = [s for s in (1, 2, 4) if G % s == 0]
+    loads = {s: imbalance(B, T, H, s, programs_for(B, T, H, s, sms)) for s in splits}
+    return next((s for s in splits if loads[s] <= MAX_IMBALANCE), min(splits, key=loads.get))
+
+
+def why_not(s, device: torch.device) -> Optional[str]:
+    """None if this kernel can run a five-product backward of `host.Shape` s (the caller has checked
+    `from_ds.eligible` and density), else why not."""
+    if is_interpreter() or device.type != "cuda":
+        return "it runs on CUDA GPUs only (no CPU interpreter for Gluon)"
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return "it needs an sm_90 (Hopper) GPU"
+    if not (s.K == s.V == D):
+        return f"it needs head dims K = V = {D}"
+    if s.W < s.T:
+        return "it runs full causal attention only (no window)"
+    if s.T % BT:
+        return f"it needs T to be a multiple of {BT}"
+    if s.HQ * s.B * s.T >= 2**31:
+        return "HQ * B * T must stay under 2**31 (TMA coordinates of lse and delta)"
+    return None
+
+
+class HopperDkvLaunch:
+    """Plan step (`launch.Plan.add`): one launch of `parallel_attn_bwd_kernel_dkv_ds_hopper`; its TMA descriptors
+    are made from the call's tensors at each run."""
+
+    def __init__(self, s, split: int, chunk: int, G0: int, ntile: int, args: dict):
+        self.split, self.chunk, self.G0, self.ntile, self.args = split, chunk, G0, ntile, args
+        self.B, self.T, self.H, self.HQ, self.scale = s.B, s.T, s.H, s.HQ, s.scale
+        self.programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
+        self.sched, self.L = schedule(s.B, s.T, s.H, split, self.programs, s.device)
+
+    def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        a = {k: env[v.name] if isinstance(v, Ref) else v for k, v in self.args.items()}
+        B, T, H, HQ = self.B, self.T, self.H, self.HQ
+        q, k, v, do = a["q"], a["k"], a["v"], a["do"]
+
+        def desc(x, rows, cols, block, layout):
+            return TensorDescriptor.from_tensor(x.view(rows, cols), block, layout.value)
+
+        q_desc = desc(q, B * T, HQ * D, [BQ, D], Q_SMEM)
+        do_desc = desc(do, B * T, HQ * D, [BQ, D], Q_SMEM)
+        k_desc = desc(k, B * T, H * D, [BT, D], KV_SMEM)
+        v_desc = desc(v, B * T, H * D, [BT, D], KV_SMEM)
+        lse_desc = TensorDescriptor.from_tensor(a["lse"].view(-1), [BQ], ROW_SMEM.value)
+        delta_desc = TensorDescriptor.from_tensor(a["delta"].view(-1), [BQ], ROW_SMEM.value)
+        ds_desc = desc(a["ds"], a["ds"].numel() // BQ, BQ, [BQ, BQ], DS_TILE)
+        acc_in = None if a["dk_in"] is None else (a["dk_in"], a["dv_in"])
+        parallel_attn_bwd_kernel_dkv_ds_hopper[(self.programs,)](
+            q_desc=q_desc, k_desc=k_desc, v_desc=v_desc, do_desc=do_desc, lse_desc=lse_desc, delta_desc=delta_desc,
+            ds_desc=ds_desc, dk=a["dk"], dv=a["dv"], dk_in=a["dk"] if acc_in is None else acc_in[0],
+            dv_in=a["dv"] if acc_in is None else acc_in[1], nonfinite=a["nonfinite"], sched=self.sched, L=self.L, B=B,
+            T=T, NTILE=self.ntile, G0=self.G0, qk_scale=self.scale * LOG2E,
+            dk_scale=1.0 if a["acc_out"] else self.scale, ACC_IN=int(acc_in is not None), H=H, G=HQ // H,
+            SPLIT=self.split, CHUNK=self.chunk, STAGES=STAGES, PRODUCER_REGS=PRODUCER_REGS,
+            num_warps=CONSUMER_WARPS)

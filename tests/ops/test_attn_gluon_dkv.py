@@ -1,0 +1,187 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""The five-product backward's Hopper dK/dV kernel (`fla_bwd.ops.attn.gluon_dkv`, Gluon, sm_90 only).
+
+On every machine: its static schedule (each item once, longest first, balanced), its split rule, its dispatch
+(`from_ds.five_product_chunk` with the kernel's scope faked on), and that a forced "hopper" raises where it cannot
+run. On an sm_90 GPU, the five-product backward's contract (tests/ops/test_attn_five_product.py) on this kernel:
+o and every gradient against the fp32 oracle with poisoned buffers, at every split and with chunks of heads
+(bitwise the one-launch result, and deterministic), NaN/Inf containment through its flags and the Triton FIXUP
+launch, and a whole-step CUDA graph capture. Gluon has no CPU interpreter; tests/ops/test_kernel_resources.py
+compiles it for sm_90 on the CPU.
+"""
+
+import math
+
+import pytest
+import test_attn_nan
+import torch
+from conftest import DEVICE
+from helpers import Case, check_against_oracle, make_inputs, run_parallel
+from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
+from test_attn_five_product import ChunkSpy, _band_bytes, _shape
+
+import fla_bwd.ops.attn.from_ds as from_ds
+import fla_bwd.ops.attn.gluon_dkv as gluon_dkv
+from fla_bwd.ops.attn import config
+from fla_bwd.settings import dkv_path, dq_path, ds_kernel
+
+bf16, f16 = torch.bfloat16, torch.float16
+HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on sm_90 GPUs only (no CPU interpreter)")
+_SPLIT_PATHS = {1: "gqa", 2: "gqa-split2", 4: "gqa-split4"}
+
+
+class HopperSpy(ChunkSpy):
+    """ChunkSpy that also records whether each five-product backward ran the Hopper kernel."""
+
+    def __init__(self, monkeypatch):
+        super().__init__(monkeypatch)
+        self.hopper = []
+        import fla_bwd.ops.attn.host as host
+        spied = host.five_product_chunk
+
+        def spy(*args):
+            five = spied(*args)
+            self.hopper.append(None if five is None else five.hopper)
+            return five
+
+        monkeypatch.setattr(host, "five_product_chunk", spy)
+
+
+@pytest.mark.parametrize("B,T,H,split,programs", [(1, 8192, 4, 1, 132), (1, 4096, 4, 2, 132), (2, 2048, 8, 1, 132),
+                                                  (2, 2048, 32, 1, 132), (1, 384, 2, 4, 3), (3, 128, 1, 1, 5)])
+def test_schedule_covers_each_item_once(B, T, H, split, programs):
+    tab, L = gluon_dkv.schedule(B, T, H, split, programs, torch.device("cpu"))
+    assert tab.shape == (programs, 1 + L)
+    items = [int(x) for p in range(programs) for x in tab[p, 1:1 + int(tab[p, 0])]]
+    expected = [item for item, _ in gluon_dkv._item_blocks(B, T, H, split)]
+    assert sorted(items) == sorted(expected) and len(items) == len(set(items))
+    blocks = dict(gluon_dkv._item_blocks(B, T, H, split))
+    loads = [sum(blocks[int(x)] for x in tab[p, 1:1 + int(tab[p, 0])]) for p in range(programs)]
+    assert max(loads) * programs / sum(loads) == pytest.approx(gluon_dkv.imbalance(B, T, H, split, programs))
+    assert max(loads) <= sum(loads) / programs + max(blocks.values())  # LPT's bound
+
+
+@pytest.mark.parametrize("B,T,H,G,split", [(1, 8192, 4, 8, 1), (1, 4096, 4, 8, 2), (2, 2048, 8, 4, 1),
+                                           (2, 2048, 4, 8, 2), (2, 2048, 32, 1, 1), (2, 2048, 16, 2, 1),
+                                           (2, 2048, 2, 16, 4)])
+def test_split_rule(B, T, H, G, split):
+    """At the H200's 132 SMs: the splits #42w measured fastest (G8 T4096 and B2 T2048: 2; the others 1)."""
+    assert gluon_dkv.split_for(B, T, H, G, 132) == split
+
+
+def test_out_of_scope_calls_say_why():
+    s = _shape()
+    assert "CUDA" in gluon_dkv.why_not(s, torch.device("cpu"))
+    if HOPPER:
+        cuda = torch.device("cuda")
+        assert gluon_dkv.why_not(_shape(device=cuda), cuda) is None
+        assert "K = V = 128" in gluon_dkv.why_not(_shape(device=cuda, K=64, V=64), cuda)
+        assert "multiple of 128" in gluon_dkv.why_not(_shape(device=cuda, T=2000, W=2000), cuda)
+        assert "window" in gluon_dkv.why_not(_shape(device=cuda, W=512), cuda)
+
+
+@pytest.mark.parametrize("kw,expected", [
+    (dict(), (1, 1)),  # MHA B2 T2048
+    (dict(H=8), (1, 4)),  # gqa4-long: balanced unsplit
+    (dict(H=4), (2, 4)),  # G8 B2 T2048: two shares balance it
+    (dict(B=1, T=4096, W=4096, H=4), (2, 4)),
+    (dict(B=1, T=8192, W=8192, H=4), (1, 2)),  # two heads of each group fit the default budget
+    (dict(H=2), (4, 4)),  # G16
+], ids=["mha", "g4", "g8-T2048", "g8-T4096", "g8-T8192", "g16"])
+def test_hopper_dispatch(kw, expected, monkeypatch):
+    """Where the kernel can run ("auto": faked on here, at 132 SMs), the five-product backward takes it with its own
+    split; "triton" keeps the Triton kernel's rule; inline containment (it is a FLAG launch) keeps Triton too."""
+    monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
+    monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
+    monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
+    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device: None)
+    monkeypatch.setattr(config, "sm_count", lambda device: 132)
+    assert from_ds.five_product_chunk(_shape(**kw), True, "auto") == from_ds.FiveProduct(*expected, True)
+    with ds_kernel("triton"):
+        assert not from_ds.five_product_chunk(_shape(**kw), True, "auto").hopper
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
+    assert not from_ds.five_product_chunk(_shape(**kw), True, "auto").hopper
+    with ds_kernel("hopper"), pytest.raises(ValueError, match="contains NaN/Inf inline"):
+        from_ds.five_product_chunk(_shape(**kw), True, "auto")
+
+
+def test_forced_hopper_raises_where_it_cannot_run(monkeypatch):
+    case = Case(B=1, T=100, HQ=4, H=2, K=128, dtype=bf16)  # T not a multiple of 128 (and, on the CPU, no GPU)
+    x = make_inputs(case)
+    with dq_path("from-ds"), ds_kernel("hopper"), pytest.raises(ValueError, match="ds kernel 'hopper'"):
+        run_parallel(case, x)
+    with pytest.raises(ValueError, match="ds_kernel must be one of"):
+        with ds_kernel("gluon"):
+            pass
+
+
+GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16),
+             Case(B=1, T=512, HQ=8, H=1, K=128, dtype=bf16), Case(B=3, T=128, HQ=4, H=4, K=128, dtype=bf16,
+                                                                  scale=0.3)]
+
+
+@needs_hopper
+@pytest.mark.parametrize("case,split", [pytest.param(c, s, id=f"{c.id}-split{s}") for c in GPU_CASES
+                                        for s in (1, 2, 4) if (c.HQ // c.H) % s == 0])
+def test_matches_oracle(case, split, monkeypatch):
+    spy = HopperSpy(monkeypatch)
+    with dq_path("from-ds"), ds_kernel("hopper"), dkv_path(_SPLIT_PATHS[split]):
+        check_against_oracle(case)
+    assert spy.hopper == [True] and spy.splits == [split], (spy.hopper, spy.splits)
+
+
+@needs_hopper
+@pytest.mark.parametrize("split,chunk", [(1, 8), (1, 2), (1, 1), (2, 2), (4, 1)])
+def test_chunks_are_bitwise_one_launch(split, chunk, monkeypatch):
+    """A budget of `chunk` heads of every share: the same dq, dk, dv bitwise as one chunk (the same additions in the
+    same order: fp32 sums carried from launch to launch) and as a second call."""
+    case = Case(B=2, T=512, HQ=16, H=2, K=128, dtype=bf16)
+    x = make_inputs(case)
+    spy = HopperSpy(monkeypatch)
+    with dq_path("from-ds"), ds_kernel("hopper"), dkv_path(_SPLIT_PATHS[split]):
+        whole = check_against_oracle(case, x)
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * split * chunk * _band_bytes(case) / 2**20))
+        chunked = run_parallel(case, x)
+        again = run_parallel(case, x)
+    assert spy.chunks == [8 // split, chunk, chunk] and spy.hopper == [True] * 3, (spy.chunks, spy.hopper)
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(chunked[name], whole[name]), name
+        assert torch.equal(again[name], chunked[name]), name
+
+
+@needs_hopper
+@pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan), ("q", math.inf)],
+                         ids=["q_nan", "k_inf", "v_nan", "q_inf"])
+def test_nan_inf_propagation(which, value, monkeypatch):
+    """tests/ops/test_attn_nan.py's check at a size this kernel runs: the flags it writes send exactly the tiles
+    with a non-finite dK/dV to the Triton FIXUP launch, and a non-finite input reaches only what depends on it."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    for name, value_ in dict(NAN_T=256, NAN_D=128).items():
+        monkeypatch.setattr(test_attn_nan, name, value_)
+    spy = HopperSpy(monkeypatch)
+    with dq_path("from-ds"), ds_kernel("hopper"):
+        out, clean, dep = test_attn_nan._poisoned_run(which, value, None, gate=False)
+    assert spy.hopper == [True, True], spy.hopper
+    test_attn_nan._check_poisoned(out, clean, dep)
+
+
+@needs_hopper
+def test_whole_step_capture(monkeypatch):
+    """Forward + backward in one CUDA graph replays bitwise like eager calls (the kernel's TMA descriptors are made
+    at each run of the plan, so a capture holds the captured tensors'), with two chunks of heads."""
+    case = Case(B=2, T=512, HQ=8, H=2, K=128)
+    monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * 2 * _band_bytes(case) / 2**20))
+    spy = HopperSpy(monkeypatch)
+    with dq_path("from-ds"), ds_kernel("hopper"):
+        _capture_replays_like_eager(case)
+    assert set(spy.hopper) == {True} and set(spy.chunks) == {2}, (spy.hopper, spy.chunks)
+
+
+@needs_hopper
+def test_auto_takes_it_on_long_rows(monkeypatch):
+    """"auto" on a long GQA row it measured faster on (#42w): the Hopper kernel, against the oracle."""
+    monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
+    spy = HopperSpy(monkeypatch)
+    check_against_oracle(Case(B=1, T=2048, HQ=8, H=2, K=128, dtype=bf16))
+    assert spy.hopper == [True], spy.hopper
