@@ -81,23 +81,26 @@ def test_out_of_scope_calls_say_why():
         assert "window" in gluon_dkv.why_not(_shape(device=cuda, W=512), cuda)
 
 
-@pytest.mark.parametrize("kw,expected", [
-    (dict(), (1, 1)),  # MHA B2 T2048
-    (dict(H=8), (1, 4)),  # gqa4-long: balanced unsplit
-    (dict(H=4), (2, 4)),  # G8 B2 T2048: two shares balance it
-    (dict(B=1, T=4096, W=4096, H=4), (2, 4)),
-    (dict(B=1, T=8192, W=8192, H=4), (1, 2)),  # two heads of each group fit the default budget
-    (dict(H=2), (4, 4)),  # G16
-], ids=["mha", "g4", "g8-T2048", "g8-T4096", "g8-T8192", "g16"])
-def test_hopper_dispatch(kw, expected, monkeypatch):
-    """Where the kernel can run ("auto": faked on here, at 132 SMs), the five-product backward takes it with its own
-    split; "triton" keeps the Triton kernel's rule; inline containment (it is a FLAG launch) keeps Triton too."""
+@pytest.mark.parametrize("kw,auto,forced", [  # (split, chunk, hopper) under "auto", and with "hopper" forced
+    (dict(), (1, 1, False), (1, 1)),  # MHA B2 T2048: under HOPPER_DKV_MIN_T, the Triton kernel's rule
+    (dict(H=8), (1, 4, False), (1, 4)),  # gqa4-long: balanced unsplit
+    (dict(H=4), (4, 2, False), (2, 4)),  # G8 B2 T2048: two shares balance the Hopper kernel's items
+    (dict(H=2), (4, 4, False), (4, 4)),  # G16
+    (dict(B=1, T=4096, W=4096, H=4), (2, 4, True), (2, 4)),
+    (dict(B=1, T=8192, W=8192, H=4), (1, 2, True), (1, 2)),  # two heads of each group fit the default budget
+], ids=["mha", "g4", "g8-T2048", "g16", "g8-T4096", "g8-T8192"])
+def test_hopper_dispatch(kw, auto, forced, monkeypatch):
+    """Where the kernel can run (faked on here, at 132 SMs): "auto" takes it from `config.HOPPER_DKV_MIN_T` on with
+    its own split, "hopper" at any length, "triton" never; inline containment (it is a FLAG launch) keeps Triton
+    under "auto" and makes a forced "hopper" raise."""
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
     monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device: None)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
-    assert from_ds.five_product_chunk(_shape(**kw), True, "auto") == from_ds.FiveProduct(*expected, True)
+    assert from_ds.five_product_chunk(_shape(**kw), True, "auto") == from_ds.FiveProduct(*auto)
+    with ds_kernel("hopper"):
+        assert from_ds.five_product_chunk(_shape(**kw), True, "auto") == from_ds.FiveProduct(*forced, True)
     with ds_kernel("triton"):
         assert not from_ds.five_product_chunk(_shape(**kw), True, "auto").hopper
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
@@ -181,8 +184,8 @@ def test_whole_step_capture(monkeypatch):
 
 @needs_hopper
 def test_auto_takes_it_on_long_rows(monkeypatch):
-    """"auto" on a long GQA row it measured faster on (#42w): the Hopper kernel, against the oracle."""
+    """"auto" on a long GQA call (T = HOPPER_DKV_MIN_T, #42w): the Hopper kernel, against the oracle."""
     monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
     spy = HopperSpy(monkeypatch)
-    check_against_oracle(Case(B=1, T=2048, HQ=8, H=2, K=128, dtype=bf16))
+    check_against_oracle(Case(B=1, T=config.HOPPER_DKV_MIN_T, HQ=8, H=2, K=128, dtype=bf16))
     assert spy.hopper == [True], spy.hopper

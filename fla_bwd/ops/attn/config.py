@@ -53,6 +53,10 @@ DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
 # 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`, with a split if needed). They won
 # there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost, shorter rows are host-bound.
 FIVE_PRODUCT_MIN_T = 2048
+# From this length on "auto" runs the five-product backward's dK/dV on the Hopper kernel (`gluon_dkv`, where it can):
+# its kernel won on every row (-8 to -24%), but below this its launch's host time (TMA descriptors made on the host
+# each call) cost more than that at T = 2048 (mha-long 536 -> 816 us); won at T = 4096 and 8192 (PERF.md #42w).
+HOPPER_DKV_MIN_T = 4096
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096) (#42q).
 FIVE_PRODUCT_SPLITS = (1, 4, 2)

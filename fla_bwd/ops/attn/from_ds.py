@@ -208,9 +208,9 @@ class FiveProduct(NamedTuple):
 
 
 def _hopper(s) -> bool:
-    """Whether this five-product backward (an `eligible`, dense call) runs the Hopper dK/dV kernel: where it can
-    (`gluon_dkv.why_not`, and two-launch containment: it is the FLAG launch) unless FLA_BWD_DS_KERNEL says
-    "triton"; a forced "hopper" that cannot raises ValueError."""
+    """Whether this five-product backward (an `eligible`, dense call) runs the Hopper dK/dV kernel. FLA_BWD_DS_KERNEL
+    "auto": where it can (`gluon_dkv.why_not`, and two-launch containment: it is the FLAG launch) from
+    `config.HOPPER_DKV_MIN_T` on; "hopper": wherever it can, and ValueError where it cannot; "triton": never."""
     forced = settings.forced_ds_kernel()
     if forced == "triton":
         return False
@@ -219,7 +219,7 @@ def _hopper(s) -> bool:
         why = "it is the first of two containment launches, and this call contains NaN/Inf inline"
     if forced == "hopper" and why is not None:
         raise ValueError(f"ds kernel 'hopper' (FLA_BWD_DS_KERNEL) cannot run this backward: {why}")
-    return why is None
+    return why is None and (forced == "hopper" or s.T >= config.HOPPER_DKV_MIN_T)
 
 
 @functools.lru_cache(maxsize=256)
