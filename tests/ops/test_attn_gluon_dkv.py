@@ -119,6 +119,24 @@ def test_forced_hopper_raises_where_it_cannot_run(monkeypatch):
             pass
 
 
+@pytest.mark.parametrize("acc_in", [False, True])
+def test_plan_step_passes_every_kernel_parameter(acc_in):
+    """The plan step launches through `launch.Launch`, whose direct path after the first launch passes its arguments
+    in the kernel's parameter order: every parameter must be among them (one left out would be passed as None)."""
+    from fla_bwd.ops.utils.launch import Launch, Ref, _jit_function
+
+    s = _shape(B=1, T=512, W=512, HQ=8, H=2, device=torch.device("cpu"))
+    args = {name: Ref(name) for name in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv")}
+    args.update(dk_in=Ref("dk_in") if acc_in else None, dv_in=Ref("dv_in") if acc_in else None,
+                nonfinite=Ref("flags"), acc_out=acc_in)
+    step = gluon_dkv.HopperDkvLaunch(s, 2, 4, 0, 8, args)
+    assert isinstance(step.launch, Launch)
+    params = _jit_function(gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper).arg_names
+    assert set(step.launch.args) == set(params) | {"num_warps"}
+    assert step.launch.args["ACC_IN"] == int(acc_in)
+    assert step.launch.args["dk_in"] == (Ref("dk_in") if acc_in else Ref("dk"))
+
+
 GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16),
              Case(B=1, T=512, HQ=8, H=1, K=128, dtype=bf16), Case(B=3, T=128, HQ=4, H=4, K=128, dtype=bf16,
                                                                   scale=0.3)]
@@ -180,6 +198,25 @@ def test_whole_step_capture(monkeypatch):
     with dq_path("from-ds"), ds_kernel("hopper"):
         _capture_replays_like_eager(case)
     assert set(spy.hopper) == {True} and set(spy.chunks) == {2}, (spy.hopper, spy.chunks)
+
+
+@needs_hopper
+def test_second_call_launches_direct(monkeypatch):
+    """After its first launch the kernel goes through the compiled kernel's C launcher (`launch.Launch`'s direct
+    path: Gluon's `kernel[grid]` binding cost 519 us of host time a launch, #42x), with the same results."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    import fla_bwd.ops.attn.host as host
+
+    host.clear_plans()
+    case = Case(B=2, T=512, HQ=8, H=2, K=128, dtype=bf16)
+    x = make_inputs(case)
+    with dq_path("from-ds"), ds_kernel("hopper"):
+        first = run_parallel(case, x)
+        second = run_parallel(case, x)
+    steps = [st for plan in host._PLANS.values() for st in plan.steps if isinstance(st, gluon_dkv.HopperDkvLaunch)]
+    assert steps and all(st.launch.direct is not None for st in steps)
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(first[name], second[name]), name
 
 
 @needs_hopper

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fla_bwd.ops.attn import config
-from fla_bwd.ops.utils.launch import Ref
+from fla_bwd.ops.utils.launch import Launch, Ref
 from fla_bwd.utils import is_interpreter
 
 # Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; later releases (3.9 on CI) async_load / async_store.
@@ -295,38 +295,42 @@ def why_not(s, device: torch.device) -> Optional[str]:
 
 
 class HopperDkvLaunch:
-    """Plan step (`launch.Plan.add`): one launch of `parallel_attn_bwd_kernel_dkv_ds_hopper`; its TMA descriptors
-    are made from the call's tensors at each run."""
+    """Plan step (`launch.Plan.add`): one launch of `parallel_attn_bwd_kernel_dkv_ds_hopper` through the package's
+    `launch.Launch` (its direct C-launcher path after the first call: Gluon's `kernel[grid]` binding took 519 us of
+    host time a launch on the H200's host, PERF.md #42w). The TMA descriptors are made from the call's tensors at
+    each run, once for every Hopper launch of the call (each chunk's reads the same q, k, v, dO, lse, delta, dS)."""
 
     def __init__(self, s, split: int, chunk: int, G0: int, ntile: int, args: dict):
-        self.split, self.chunk, self.G0, self.ntile, self.args = split, chunk, G0, ntile, args
-        self.B, self.T, self.H, self.HQ, self.scale = s.B, s.T, s.H, s.HQ, s.scale
-        self.programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
-        self.sched, self.L = schedule(s.B, s.T, s.H, split, self.programs, s.device)
+        programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
+        sched, L = schedule(s.B, s.T, s.H, split, programs, s.device)
+        acc_in = args["dk_in"] is not None
+        self.B, self.T, self.H, self.HQ = s.B, s.T, s.H, s.HQ
+        self.inputs = {name: args[name] for name in ("q", "k", "v", "do", "lse", "delta", "ds")}
+        self.launch = Launch(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
+            **{f"{name}_desc": Ref(_DESC + name) for name in self.inputs}, dk=args["dk"], dv=args["dv"],
+            dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
+            nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
+            qk_scale=s.scale * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale, ACC_IN=int(acc_in), H=s.H,
+            G=s.HQ // s.H, SPLIT=split, CHUNK=chunk, STAGES=STAGES, PRODUCER_REGS=PRODUCER_REGS,
+            num_warps=CONSUMER_WARPS))
 
-    def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
+    def _descriptors(self, env: dict) -> None:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        a = {k: env[v.name] if isinstance(v, Ref) else v for k, v in self.args.items()}
+        a = {name: env[r.name] if isinstance(r, Ref) else r for name, r in self.inputs.items()}
         B, T, H, HQ = self.B, self.T, self.H, self.HQ
-        q, k, v, do = a["q"], a["k"], a["v"], a["do"]
+        shapes = {"q": (B * T, HQ * D, [BQ, D], Q_SMEM), "do": (B * T, HQ * D, [BQ, D], Q_SMEM),
+                  "k": (B * T, H * D, [BT, D], KV_SMEM), "v": (B * T, H * D, [BT, D], KV_SMEM),
+                  "lse": (-1, None, [BQ], ROW_SMEM), "delta": (-1, None, [BQ], ROW_SMEM),
+                  "ds": (a["ds"].numel() // BQ, BQ, [BQ, BQ], DS_TILE)}
+        for name, (rows, cols, block, layout) in shapes.items():
+            x = a[name].view(rows) if cols is None else a[name].view(rows, cols)
+            env[_DESC + name] = TensorDescriptor.from_tensor(x, block, layout.value)
 
-        def desc(x, rows, cols, block, layout):
-            return TensorDescriptor.from_tensor(x.view(rows, cols), block, layout.value)
+    def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
+        if _DESC + "q" not in env:
+            self._descriptors(env)
+        self.launch(env, device, stream)
 
-        q_desc = desc(q, B * T, HQ * D, [BQ, D], Q_SMEM)
-        do_desc = desc(do, B * T, HQ * D, [BQ, D], Q_SMEM)
-        k_desc = desc(k, B * T, H * D, [BT, D], KV_SMEM)
-        v_desc = desc(v, B * T, H * D, [BT, D], KV_SMEM)
-        lse_desc = TensorDescriptor.from_tensor(a["lse"].view(-1), [BQ], ROW_SMEM.value)
-        delta_desc = TensorDescriptor.from_tensor(a["delta"].view(-1), [BQ], ROW_SMEM.value)
-        ds_desc = desc(a["ds"], a["ds"].numel() // BQ, BQ, [BQ, BQ], DS_TILE)
-        acc_in = None if a["dk_in"] is None else (a["dk_in"], a["dv_in"])
-        parallel_attn_bwd_kernel_dkv_ds_hopper[(self.programs,)](
-            q_desc=q_desc, k_desc=k_desc, v_desc=v_desc, do_desc=do_desc, lse_desc=lse_desc, delta_desc=delta_desc,
-            ds_desc=ds_desc, dk=a["dk"], dv=a["dv"], dk_in=a["dk"] if acc_in is None else acc_in[0],
-            dv_in=a["dv"] if acc_in is None else acc_in[1], nonfinite=a["nonfinite"], sched=self.sched, L=self.L, B=B,
-            T=T, NTILE=self.ntile, G0=self.G0, qk_scale=self.scale * LOG2E,
-            dk_scale=1.0 if a["acc_out"] else self.scale, ACC_IN=int(acc_in is not None), H=H, G=HQ // H,
-            SPLIT=self.split, CHUNK=self.chunk, STAGES=STAGES, PRODUCER_REGS=PRODUCER_REGS,
-            num_warps=CONSUMER_WARPS)
+
+_DESC = "_hopper_desc_"  # env names of the call's TMA descriptors
