@@ -102,10 +102,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
                 mbarrier.expect(ready.index(s), STAGE_BYTES)
                 _tma_load(lse_desc, [row + qi * BQ_C], ready.index(s), lse_smem.index(s))
                 _tma_load(delta_desc, [row + qi * BQ_C], ready.index(s), delta_smem.index(s))
-                _tma_load(q_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s),
-                                                q_smem.index(s))
-                _tma_load(do_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s),
-                                                do_smem.index(s))
+                _tma_load(q_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), q_smem.index(s))
+                _tma_load(do_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), do_smem.index(s))
                 i += 1
 
 
