@@ -295,7 +295,7 @@ def why_not(s, device: torch.device) -> Optional[str]:
 class HopperDkvLaunch:
     """Plan step (`launch.Plan.add`): one launch of `parallel_attn_bwd_kernel_dkv_ds_hopper` through the package's
     `launch.Launch` (its direct C-launcher path after the first call: Gluon's `kernel[grid]` binding took 519 us of
-    host time a launch on the H200's host, PERF.md #42w). The TMA descriptors are made from the call's tensors at
+    host time a launch on the H200's host, PERF.md #42x). The TMA descriptors are made from the call's tensors at
     each run, once for every Hopper launch of the call (each chunk's reads the same q, k, v, dO, lse, delta, dS)."""
 
     def __init__(self, s, split: int, chunk: int, G0: int, ntile: int, args: dict):
