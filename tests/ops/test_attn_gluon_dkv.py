@@ -137,6 +137,32 @@ def test_plan_step_passes_every_kernel_parameter(acc_in):
     assert step.launch.args["dk_in"] == (Ref("dk_in") if acc_in else Ref("dk"))
 
 
+def test_plan_step_describes_the_inputs():
+    """The step's TMA descriptors (made on the CPU here; Gluon's TensorDescriptor is host data): each input viewed
+    as the kernel indexes it, with the kernel's block shapes and shared-memory layouts."""
+    from fla_bwd.ops.utils.launch import Ref
+
+    B, T, HQ, H, D = 1, 256, 4, 2, 128
+    s = _shape(B=B, T=T, W=T, HQ=HQ, H=H, device=torch.device("cpu"))
+    args = dict({n: Ref(n) for n in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv")}, dk_in=None, dv_in=None,
+                nonfinite=Ref("flags"), acc_out=False)
+    step = gluon_dkv.HopperDkvLaunch(s, 1, 2, 0, 8, args)
+    env = dict(q=torch.zeros(B, T, HQ, D, dtype=bf16), do=torch.zeros(B, T, HQ, D, dtype=bf16),
+               k=torch.zeros(B, T, H, D, dtype=bf16), v=torch.zeros(B, T, H, D, dtype=bf16),
+               lse=torch.zeros(HQ, B * T), delta=torch.zeros(HQ, B * T), ds=torch.zeros(8 * 64 * 64, dtype=bf16))
+    step._descriptors(env)
+    expected = {"q": ([B * T, HQ * D], [64, D], gluon_dkv.Q_SMEM), "do": ([B * T, HQ * D], [64, D], gluon_dkv.Q_SMEM),
+                "k": ([B * T, H * D], [128, D], gluon_dkv.KV_SMEM), "v": ([B * T, H * D], [128, D], gluon_dkv.KV_SMEM),
+                "lse": ([HQ * B * T], [64], gluon_dkv.ROW_SMEM), "delta": ([HQ * B * T], [64], gluon_dkv.ROW_SMEM),
+                "ds": ([8 * 64, 64], [64, 64], gluon_dkv.DS_TILE)}
+    for name, (shape, block, layout) in expected.items():
+        d = env[gluon_dkv._DESC + name]
+        assert d.base.data_ptr() == env[name].data_ptr(), name
+        assert list(d.shape) == shape and list(d.strides) == shape[1:] + [1], name
+        assert list(d.block_shape) == block and d.layout == layout.value, name
+    assert set(step.launch.args) >= {f"{name}_desc" for name in expected}
+
+
 GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16),
              Case(B=1, T=512, HQ=8, H=1, K=128, dtype=bf16), Case(B=3, T=128, HQ=4, H=4, K=128, dtype=bf16,
                                                                   scale=0.3)]

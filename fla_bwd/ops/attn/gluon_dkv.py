@@ -302,10 +302,16 @@ class HopperDkvLaunch:
         programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
         sched, L = schedule(s.B, s.T, s.H, split, programs, s.device)
         acc_in = args["dk_in"] is not None
-        self.B, self.T, self.H, self.HQ = s.B, s.T, s.H, s.HQ
-        self.inputs = {name: args[name] for name in ("q", "k", "v", "do", "lse", "delta", "ds")}
+        rows, q_cols, kv_cols = s.B * s.T, s.HQ * D, s.H * D
+        # (input, its 2-D or 1-D view, block, shared-memory layout) of each TMA descriptor the kernel takes
+        table = (("q", (rows, q_cols), [BQ, D], Q_SMEM), ("do", (rows, q_cols), [BQ, D], Q_SMEM),
+                 ("k", (rows, kv_cols), [BT, D], KV_SMEM), ("v", (rows, kv_cols), [BT, D], KV_SMEM),
+                 ("lse", (-1,), [BQ], ROW_SMEM), ("delta", (-1,), [BQ], ROW_SMEM), ("ds", (-1, BQ), [BQ, BQ], DS_TILE))
+        # (descriptor's env name, input's env name, view, block, layout): `_descriptors`, per call
+        self.views = tuple((_DESC + name, args[name].name, view, block, layout.value)
+                           for name, view, block, layout in table)
         self.launch = Launch(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
-            **{f"{name}_desc": Ref(_DESC + name) for name in self.inputs}, dk=args["dk"], dv=args["dv"],
+            **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, dk=args["dk"], dv=args["dv"],
             dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
             nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
             qk_scale=s.scale * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale, ACC_IN=int(acc_in), H=s.H,
@@ -315,15 +321,8 @@ class HopperDkvLaunch:
     def _descriptors(self, env: dict) -> None:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        a = {name: env[r.name] if isinstance(r, Ref) else r for name, r in self.inputs.items()}
-        B, T, H, HQ = self.B, self.T, self.H, self.HQ
-        shapes = {"q": (B * T, HQ * D, [BQ, D], Q_SMEM), "do": (B * T, HQ * D, [BQ, D], Q_SMEM),
-                  "k": (B * T, H * D, [BT, D], KV_SMEM), "v": (B * T, H * D, [BT, D], KV_SMEM),
-                  "lse": (-1, None, [BQ], ROW_SMEM), "delta": (-1, None, [BQ], ROW_SMEM),
-                  "ds": (a["ds"].numel() // BQ, BQ, [BQ, BQ], DS_TILE)}
-        for name, (rows, cols, block, layout) in shapes.items():
-            x = a[name].view(rows) if cols is None else a[name].view(rows, cols)
-            env[_DESC + name] = TensorDescriptor.from_tensor(x, block, layout.value)
+        for desc, name, view, block, layout in self.views:
+            env[desc] = TensorDescriptor.from_tensor(env[name].view(view), block, layout)
 
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
         if _DESC + "q" not in env:
