@@ -190,13 +190,13 @@ def test_auto_dispatch(kw, expected, monkeypatch):
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
-    five = from_ds.five_product_chunk(_shape(**kw), True, "auto")
+    five = from_ds.five_product_chunk(_shape(**kw), True, "auto", True)
     assert five == (None if expected is None else from_ds.FiveProduct(*expected)), five
-    assert from_ds.five_product_chunk(_shape(**kw), False, "auto") is None  # packed: seven products
+    assert from_ds.five_product_chunk(_shape(**kw), False, "auto", True) is None  # packed: seven products
     # another dK/dV kernel asked for: seven products
-    assert from_ds.five_product_chunk(_shape(**kw), True, "per-query-head") is None
+    assert from_ds.five_product_chunk(_shape(**kw), True, "per-query-head", True) is None
     with dq_path("recompute"):
-        assert from_ds.five_product_chunk(_shape(**kw), True, "auto") is None
+        assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) is None
 
 
 def test_auto_runs_five_products_where_it_dispatches(monkeypatch):

@@ -72,13 +72,14 @@ def test_split_rule(B, T, H, G, split):
 
 def test_out_of_scope_calls_say_why():
     s = _shape()
-    assert "CUDA" in gluon_dkv.why_not(s, torch.device("cpu"))
+    assert "CUDA" in gluon_dkv.why_not(s, torch.device("cpu"), True)
     if HOPPER:
         cuda = torch.device("cuda")
-        assert gluon_dkv.why_not(_shape(device=cuda), cuda) is None
-        assert "K = V = 128" in gluon_dkv.why_not(_shape(device=cuda, K=64, V=64), cuda)
-        assert "multiple of 128" in gluon_dkv.why_not(_shape(device=cuda, T=2000, W=2000), cuda)
-        assert "window" in gluon_dkv.why_not(_shape(device=cuda, W=512), cuda)
+        assert gluon_dkv.why_not(_shape(device=cuda), cuda, True) is None
+        assert "K = V = 128" in gluon_dkv.why_not(_shape(device=cuda, K=64, V=64), cuda, True)
+        assert "multiple of 128" in gluon_dkv.why_not(_shape(device=cuda, T=2000, W=2000), cuda, True)
+        assert "window" in gluon_dkv.why_not(_shape(device=cuda, W=512), cuda, True)
+        assert "16-byte aligned" in gluon_dkv.why_not(_shape(device=cuda), cuda, False)
 
 
 @pytest.mark.parametrize("kw,auto,forced", [  # (split, chunk, hopper) under "auto", and with "hopper" forced
@@ -96,17 +97,21 @@ def test_hopper_dispatch(kw, auto, forced, monkeypatch):
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
-    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device: None)
+    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None if aligned else "unaligned")
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
-    assert from_ds.five_product_chunk(_shape(**kw), True, "auto") == from_ds.FiveProduct(*auto)
+    assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*auto)
     with ds_kernel("hopper"):
-        assert from_ds.five_product_chunk(_shape(**kw), True, "auto") == from_ds.FiveProduct(*forced, True)
+        assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*forced, True)
     with ds_kernel("triton"):
-        assert not from_ds.five_product_chunk(_shape(**kw), True, "auto").hopper
+        assert not from_ds.five_product_chunk(_shape(**kw), True, "auto", True).hopper
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
-    assert not from_ds.five_product_chunk(_shape(**kw), True, "auto").hopper
+    assert not from_ds.five_product_chunk(_shape(**kw), True, "auto", True).hopper
     with ds_kernel("hopper"), pytest.raises(ValueError, match="contains NaN/Inf inline"):
-        from_ds.five_product_chunk(_shape(**kw), True, "auto")
+        from_ds.five_product_chunk(_shape(**kw), True, "auto", True)
+    monkeypatch.delenv("FLA_BWD_CONTAINMENT")  # inputs TMA cannot read: Triton under "auto", a forced "hopper" raises
+    assert not from_ds.five_product_chunk(_shape(**kw), True, "auto", False).hopper
+    with ds_kernel("hopper"), pytest.raises(ValueError, match="unaligned"):
+        from_ds.five_product_chunk(_shape(**kw), True, "auto", False)
 
 
 def test_forced_hopper_raises_where_it_cannot_run(monkeypatch):
@@ -161,6 +166,14 @@ def test_plan_step_describes_the_inputs():
         assert list(d.shape) == shape and list(d.strides) == shape[1:] + [1], name
         assert list(d.block_shape) == block and d.layout == layout.value, name
     assert set(step.launch.args) >= {f"{name}_desc" for name in expected}
+    assert all(t.base is None for *_, t in step.templates)  # the plan keeps no call's tensor alive
+    other = {name: torch.zeros_like(t) for name, t in env.items() if not name.startswith(gluon_dkv._DESC)}
+    step._descriptors(other)  # a later call: the first call's fields over its own tensors
+    for name in expected:
+        d, first = other[gluon_dkv._DESC + name], env[gluon_dkv._DESC + name]
+        assert type(d) is type(first) and d.base is other[name], name
+        assert {k: v for k, v in vars(d).items() if k != "base"} == {k: v for k, v in vars(first).items()
+                                                                      if k != "base"}, name
 
 
 GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16),
@@ -243,6 +256,44 @@ def test_second_call_launches_direct(monkeypatch):
     assert steps and all(st.launch.direct is not None for st in steps)
     for name in ("dq", "dk", "dv"):
         assert torch.equal(first[name], second[name]), name
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", ["q", "k", "do"])
+def test_unaligned_input_runs_triton(name, monkeypatch):
+    """One input contiguous but 2 bytes past a 16-byte boundary (TMA cannot read it): "auto" runs the Triton kernel,
+    against the oracle; a forced "hopper" raises instead of failing in the descriptor."""
+    monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
+    case = Case(B=1, T=config.HOPPER_DKV_MIN_T, HQ=8, H=2, K=128, dtype=bf16)
+    x = make_inputs(case)
+    t = getattr(x, name).detach()
+    shifted = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view_as(t).copy_(t)
+    assert shifted.data_ptr() % 16 == 2 and shifted.is_contiguous()
+    setattr(x, name, shifted if name == "do" else shifted.requires_grad_())
+    spy = HopperSpy(monkeypatch)
+    check_against_oracle(case, x)
+    assert spy.hopper == [False], spy.hopper
+    with ds_kernel("hopper"), pytest.raises(ValueError, match="16-byte aligned"):
+        run_parallel(case, x)
+
+
+@needs_hopper
+def test_descriptors_follow_each_call(monkeypatch):
+    """From the second call on the descriptors are the first call's fields over the new call's tensors (`_rebased`):
+    a call on other tensors of the same shapes gets their gradients, bitwise those of a fresh plan."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    import fla_bwd.ops.attn.host as host
+
+    case = Case(B=1, T=512, HQ=8, H=2, K=128, dtype=bf16)
+    x, y = make_inputs(case), make_inputs(case)
+    with dq_path("from-ds"), ds_kernel("hopper"):
+        host.clear_plans()
+        run_parallel(case, x)
+        second = run_parallel(case, y)
+        host.clear_plans()
+        fresh = run_parallel(case, y)
+    for name in ("o", "dq", "dk", "dv"):
+        assert torch.equal(second[name], fresh[name]), name
 
 
 @needs_hopper

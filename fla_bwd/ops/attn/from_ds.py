@@ -207,14 +207,14 @@ class FiveProduct(NamedTuple):
     hopper: bool = False
 
 
-def _hopper(s) -> bool:
+def _hopper(s, aligned: bool) -> bool:
     """Whether this five-product backward (an `eligible`, dense call) runs the Hopper dK/dV kernel. FLA_BWD_DS_KERNEL
     "auto": where it can (`gluon_dkv.why_not`, and two-launch containment: it is the FLAG launch) from
     `config.HOPPER_DKV_MIN_T` on; "hopper": wherever it can, and ValueError where it cannot; "triton": never."""
     forced = settings.forced_ds_kernel()
     if forced == "triton":
         return False
-    why = gluon_dkv.why_not(s, s.device)
+    why = gluon_dkv.why_not(s, s.device, aligned)
     if why is None and config.contain_inline(s.B, s.HQ, s.T, s.W, max(s.K, s.V)):
         why = "it is the first of two containment launches, and this call contains NaN/Inf inline"
     if forced == "hopper" and why is not None:
@@ -246,7 +246,7 @@ def _busy_splits(s):
             if G % split == 0 and config.group_fills_gpu((s.T,) * s.B, s.H, G, D, s.W, sms, split))
 
 
-def _auto_five(s) -> Optional[FiveProduct]:
+def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
     """How "auto" runs this (eligible, dense) call with five products, or None for seven: where they measured
     faster (`config`): full causal, head dims 65-128, long enough, and the first of `_busy_splits` whose dS tiles fit
     the budget."""
@@ -255,7 +255,7 @@ def _auto_five(s) -> Optional[FiveProduct]:
         return None
     budget = settings.ds_budget_bytes()
     G = s.HQ // s.H
-    if _hopper(s):
+    if _hopper(s, aligned):
         split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
         chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
         return None if chunk is None else FiveProduct(split, chunk, True)
@@ -266,9 +266,10 @@ def _auto_five(s) -> Optional[FiveProduct]:
     return None
 
 
-def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]:
+def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool) -> Optional[FiveProduct]:
     """The split, chunk and dK/dV kernel of a backward of Shape s, or None for the seven-product backward (settings
-    read now; `forced_dkv` is the caller's `settings.forced_dkv_path()`).
+    read now; `forced_dkv` is the caller's `settings.forced_dkv_path()`; `aligned`: q, k, v and dO start 16-byte
+    aligned, which the Hopper kernel's TMA needs).
 
     "auto": five products only where they measured faster (`_auto_five`: long dense calls that a split keeps
     balanced), no other dK/dV kernel forced and the dS tiles within the budget; else seven. Asked for
@@ -285,7 +286,7 @@ def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]
     G, D = s.HQ // s.H, max(s.K, s.V)
     runnable = dense and eligible(s)
     if forced == "auto":
-        return _auto_five(s) if runnable and forced_dkv == "auto" else None
+        return _auto_five(s, aligned) if runnable and forced_dkv == "auto" else None
     if forced_dkv == "auto":
         split = next(_busy_splits(s), 1)  # auto's split where one keeps the GPU busy, else 1
     else:
@@ -298,7 +299,7 @@ def five_product_chunk(s, dense: bool, forced_dkv: str) -> Optional[FiveProduct]
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v, head dims up to 128, no gate and no sink")
-    hopper = _hopper(s)
+    hopper = _hopper(s, aligned)
     if hopper and forced_dkv == "auto":
         split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
     budget = settings.ds_budget_bytes()

@@ -347,7 +347,8 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
     if call is None:
         call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     forced_dkv = settings.forced_dkv_path()
-    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv)
+    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv,
+                              aligned(q) and aligned(k) and aligned(v) and aligned(do))
     kernel = dkv_kernel(call, forced_dkv) if five is None else None  # five products launch their own dK/dV kernel
     # The setting is read again here (it may change between a forward and its backward); the plan's Shape keeps the
     # forward's, which only keys plans: `contain_inline` reads the setting when the plan is built.
