@@ -54,8 +54,8 @@ DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
 # there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost, shorter rows are host-bound.
 FIVE_PRODUCT_MIN_T = 2048
 # From this length on "auto" runs the five-product backward's dK/dV on the Hopper kernel (`gluon_dkv`, where it can):
-# its kernel wins on every row, but its ~214-263 us of host time a call (7 TMA descriptors, the launch) kept two
-# T = 2048 rows host-bound in eager calls (g8 and g2: +117-143 us); won at T = 4096 and 8192 (PERF.md #42w, #42x).
+# its kernels win on every row (33-90 us at T = 2048), but eager T = 2048 calls are host-bound and lost wall time
+# on two of four rows even after #42y; won at T = 4096 and 8192 (PERF.md #42w, #42x, #42z).
 HOPPER_DKV_MIN_T = 4096
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096) (#42q).
