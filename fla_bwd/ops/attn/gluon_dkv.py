@@ -297,8 +297,9 @@ def why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
 class HopperDkvLaunch:
     """Plan step (`launch.Plan.add`): one launch of `parallel_attn_bwd_kernel_dkv_ds_hopper` through the package's
     `launch.Launch` (its direct C-launcher path after the first call: Gluon's `kernel[grid]` binding took 519 us of
-    host time a launch on the H200's host, PERF.md #42x). The TMA descriptors are made from the call's tensors at
-    each run, once for every Hopper launch of the call (each chunk's reads the same q, k, v, dO, lse, delta, dS)."""
+    host time a launch on the H200's host, PERF.md #42x). The TMA descriptors are made once a call for every Hopper
+    launch of it (each chunk's reads the same q, k, v, dO, lse, delta, dS): validated on the first call, then the
+    first call's fields over each later call's tensors (`_rebased`, #42y)."""
 
     def __init__(self, s, split: int, chunk: int, G0: int, ntile: int, args: dict):
         programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
