@@ -61,10 +61,12 @@ class Shape(NamedTuple):
 
 class Call(NamedTuple):
     """What the forward of a call decided, which its backward reuses: the plan key (a `Shape`, the packed tile
-    counts and the inputs' alignment) and the packed offsets read at the forward (None when dense)."""
+    counts and the inputs' alignment), the packed offsets read at the forward (None when dense), and whether q, k
+    and v all start 16-byte aligned (the Hopper dK/dV kernel's TMA needs it, `gluon_dkv.why_not`)."""
     key: tuple
     shape: Shape
     tiles: Optional[VarlenTiles]
+    qkv_aligned: bool
 
 
 def _window(window_size: int, T: int) -> int:
@@ -79,9 +81,9 @@ def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int) -
     shape = Shape(q.device, B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, g.dtype if g is not None else None,
                   sink_bias.dtype if sink_bias is not None else None, scale, _window(window_size, T),
                   settings.forced_containment())
-    key = (shape, tiles.key if tiles is not None else None,
-           aligned(q), aligned(k), aligned(v), aligned(g), aligned(sink_bias), aligned(cu_seqlens))
-    return Call(key, shape, tiles)
+    qkv = (aligned(q), aligned(k), aligned(v))
+    key = (shape, tiles.key if tiles is not None else None, *qkv, aligned(g), aligned(sink_bias), aligned(cu_seqlens))
+    return Call(key, shape, tiles, all(qkv))
 
 
 # Plans by key. Cleared when full: a process that keeps changing shapes rebuilds, one that trains reuses.
@@ -347,12 +349,12 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
     if call is None:
         call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     forced_dkv = settings.forced_dkv_path()
-    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv,
-                              aligned(q) and aligned(k) and aligned(v) and aligned(do))
+    do_aligned = aligned(do)
+    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv, call.qkv_aligned and do_aligned)
     kernel = dkv_kernel(call, forced_dkv) if five is None else None  # five products launch their own dK/dV kernel
     # The setting is read again here (it may change between a forward and its backward); the plan's Shape keeps the
     # forward's, which only keys plans: `contain_inline` reads the setting when the plan is built.
-    plan = _plan((call.key, kernel, five, aligned(do), settings.forced_containment()), _build_backward, call.shape,
+    plan = _plan((call.key, kernel, five, do_aligned, settings.forced_containment()), _build_backward, call.shape,
                  call.tiles, kernel, five)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
                           cu_seqlens=cu_seqlens), call.tiles)
