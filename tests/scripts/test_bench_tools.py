@@ -151,3 +151,19 @@ def test_five_ab_knobs_set_and_restore_the_dq_launch():
         assert host._PLANS is not plans
     assert config.DQ_FROM_DS_LAUNCH == default
     assert host._PLANS is plans
+
+
+def test_host_loop_parses_and_refuses_bad_names():
+    """host_loop.py (PERF.md #43) parses on the CPU and names a bad row or kind; it needs a GPU to measure."""
+    def host_loop(*args):
+        return subprocess.run([sys.executable, "-m", "benchmarks.tools.host_loop", *args], capture_output=True,
+                              text=True, cwd=REPO, timeout=120)
+    proc = host_loop("--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage:"), proc.stderr
+    proc = host_loop("--rows", "mha-long,nope")
+    assert proc.returncode == 2 and "unknown row 'nope'" in proc.stderr
+    proc = host_loop("--kinds", "triton,flash")
+    assert proc.returncode == 2 and "'flash' is not" in proc.stderr
+    if not torch.cuda.is_available():
+        proc = host_loop()
+        assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr

@@ -131,25 +131,8 @@ class Launch:
             self.direct = (run, compiled.function, compiled.packed_metadata, template, slots)
 
 
-# (device index, raw stream) -> the descriptor scratch that stream's launches share: one kernel runs at a time on a
-# stream, and each writes its descriptors at its start (no launch here uses programmatic dependent launch).
-_SCRATCH: Dict[Tuple[int, int], torch.Tensor] = {}
-_MAX_SCRATCH_STREAMS = 64
-
-
 def _torch_scratch(size: int, alignment: int, stream: Optional[int]) -> torch.Tensor:
-    """Triton's scratch allocator for `ScratchLaunch`: the stream's shared buffer, grown when too small (an
-    allocation is 7-9 us of host time a launch on the H200's host, PERF.md #43); a fresh one under CUDA-graph capture,
-    whose memory belongs to the graph. The caching allocator aligns to 512 bytes."""
-    if torch.cuda.is_current_stream_capturing():
-        return torch.empty(size, dtype=torch.int8, device="cuda")
-    key = (torch.cuda.current_device(), stream)
-    buf = _SCRATCH.get(key)
-    if buf is None or buf.numel() < size:
-        if len(_SCRATCH) >= _MAX_SCRATCH_STREAMS:
-            _SCRATCH.clear()  # streams made and dropped one after another: let the old buffers go
-        buf = _SCRATCH[key] = torch.empty(size, dtype=torch.int8, device="cuda")
-    return buf
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # the caching allocator aligns to 512 bytes
 
 
 class ScratchLaunch(Launch):

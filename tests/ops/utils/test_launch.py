@@ -181,32 +181,3 @@ def test_scratch_launch_sets_torch_allocator_and_restores_the_callers():
             assert _allocation._allocator.get() is mine
     finally:
         _allocation._allocator.set(previous)
-
-
-def test_scratch_is_shared_per_stream_and_fresh_under_capture(monkeypatch):
-    """Triton's scratch for `ScratchLaunch`es: one buffer per (device, stream), reused while big enough and grown
-    when not (launches on one stream run one at a time); under CUDA-graph capture a fresh one each launch (the
-    graph's memory), never the shared one."""
-    made = []
-
-    def empty(size, dtype, device):
-        made.append(size)
-        return torch.zeros(size, dtype=dtype)
-
-    capturing = [False]
-    monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    monkeypatch.setattr(launch, "_SCRATCH", {})
-    a = launch._torch_scratch(256, 128, 7)
-    assert launch._torch_scratch(128, 128, 7) is a and launch._torch_scratch(256, 128, 7) is a
-    b = launch._torch_scratch(256, 128, 8)  # another stream: its own
-    assert b is not a and launch._torch_scratch(256, 128, 8) is b
-    c = launch._torch_scratch(512, 128, 7)  # too small: grown, and kept
-    assert c.numel() == 512 and launch._torch_scratch(300, 128, 7) is c
-    capturing[0] = True
-    d, e = launch._torch_scratch(64, 128, 7), launch._torch_scratch(64, 128, 7)
-    assert d is not c and e is not d and e is not c
-    capturing[0] = False
-    assert launch._torch_scratch(64, 128, 7) is c
-    assert made == [256, 256, 512, 64, 64]
