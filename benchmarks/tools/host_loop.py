@@ -22,9 +22,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from benchmarks.ops.timing import Timer
+
 ROWS = {"mha-long": (2, 2048, 32, 32), "gqa4-long": (2, 2048, 32, 8), "g8-T2048-D128": (2, 2048, 32, 4),
         "g2-T2048-D128": (2, 2048, 32, 16), "ctl-g16-T2048": (2, 2048, 32, 2), "g8-T4096": (1, 4096, 32, 4)}
-FLUSH_BYTES = 256 * 2**20
 
 
 def _med(xs):
@@ -48,14 +49,14 @@ class Stamps:
         autograd.EagerParallelAttn.backward = staticmethod(stamped)
 
 
-def block(fn, iters: int, flush: torch.Tensor, stamps: Stamps) -> dict:
+def block(fn, iters: int, flush, stamps: Stamps) -> dict:
     """One block of the runner's loop: medians (us) of events, host per iteration, inside the call, and the split."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     called, returned = [], []
     stamps.calls.clear()
     for i in range(iters):
-        flush.fill_(0x5A5A)
+        flush()
         starts[i].record()
         called.append(time.perf_counter())
         fn()
@@ -137,7 +138,7 @@ def main(argv=None):
         ap.error("needs a CUDA GPU (host time of the CPU interpreter measures nothing)")
     rng = random.Random(args.seed)
     stamps = Stamps()
-    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = Timer(torch.device("cuda")).flush  # the runner's L2 flush
     for name in rows:
         calls = row_calls(name, kinds)
         for fn in calls.values():
