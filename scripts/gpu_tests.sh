@@ -8,6 +8,8 @@
 #     bash scripts/gpu_tests.sh [LIMIT_S]      # default 280 s per group; logs in $OUT (or ./gpu_tests_out)
 # Prints each group's summary line and failures. An H200 x2 machine ran the two groups of this split in 151 and 251 s
 # (8 workers each).
+# One H200 alone (cold Triton cache, 8 workers) got through 56% of the files in 400 s (2026-12-03): there, give it
+# two device calls (a file list each) or a limit near a whole command's 600 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIMIT=${1:-280}
