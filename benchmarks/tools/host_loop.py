@@ -20,12 +20,11 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
+from benchmarks.ops import candidates, peers, registry
+from benchmarks.ops.bench import make_do
 from benchmarks.ops.timing import Timer
-
-ROWS = {"mha-long": (2, 2048, 32, 32), "gqa4-long": (2, 2048, 32, 8), "g8-T2048-D128": (2, 2048, 32, 4),
-        "g2-T2048-D128": (2, 2048, 32, 16), "ctl-g16-T2048": (2, 2048, 32, 2), "g8-T4096": (1, 4096, 32, 4)}
+from benchmarks.tools.tune_attn import kernel_times
 
 
 def _med(xs):
@@ -33,7 +32,7 @@ def _med(xs):
 
 
 class Stamps:
-    """Wraps `EagerParallelAttn.backward` to record (entry, exit) host times of every call."""
+    """Wraps `EagerParallelAttn.backward` to record (entry, exit) host times of every call (`restore` unwraps it)."""
 
     def __init__(self):
         from fla_bwd.ops.attn import autograd
@@ -46,6 +45,7 @@ class Stamps:
             self.calls.append((t_in, time.perf_counter()))
             return grads
 
+        self.restore = lambda: setattr(autograd.EagerParallelAttn, "backward", staticmethod(inner))
         autograd.EagerParallelAttn.backward = staticmethod(stamped)
 
 
@@ -73,49 +73,24 @@ def block(fn, iters: int, flush, stamps: Stamps) -> dict:
     return out
 
 
-def kernel_us(fn, calls: int = 5) -> float:
-    """Sum of the CUDA kernels' times of one call (the flush's fill excluded), from torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
+def row_calls(name: str, kinds, device="cuda") -> dict:
+    """kind -> the runner's timed backward of the registered row `name` (`candidates.Candidate.build("bwd")`, so
+    the forward runs once, here): this package's under `settings.ds_kernel(kind)`, or SDPA's cuDNN backend."""
+    import dataclasses
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.device_time for e in prof.events()
-               if e.device_type.name == "CUDA" and "fill" not in e.name.lower()
-               and "elementwise" not in e.name) / calls
-
-
-def _grad_call(o, leaves, do, ctx):
-    """The runner's timed backward: `torch.autograd.grad` of o, inside `ctx()` (or none)."""
-    def call():
-        if ctx is None:
-            return torch.autograd.grad(o, leaves, do, retain_graph=True)
-        with ctx():
-            return torch.autograd.grad(o, leaves, do, retain_graph=True)
-    return call
-
-
-def row_calls(name: str, kinds) -> dict:
-    """kind -> the zero-argument timed call (the forward run once, here)."""
     from fla_bwd import settings
-    from fla_bwd.ops.attn import parallel_attn
 
-    B, T, HQ, H = ROWS[name]
-    q, k, v = (torch.randn(B, T, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for h in (HQ, H, H))
-    do = torch.randn(B, T, HQ, 128, device="cuda", dtype=torch.bfloat16)
-    o = parallel_attn(q, k, v)
+    op = registry.get_op("parallel_attn")
+    shape = op.check(registry.get_shape(name))
+    inputs = registry.make_inputs(op, shape, device)
+    do = make_do(shape, inputs, device)
     calls = {}
     for kind in kinds:
         if kind == "cudnn":
-            qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
-            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                ot = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=HQ != H)
-            calls[kind] = _grad_call(ot, (qt, kt, vt), do.transpose(1, 2), None)
+            calls[kind] = peers.torch_candidate("sdpa-cudnn", shape, inputs, do).build("bwd")
         else:
-            calls[kind] = _grad_call(o, (q, k, v), do, lambda kind=kind: settings.ds_kernel(kind))
+            ours = candidates.ours(op.load(), op.call, inputs, shape, do, None)
+            calls[kind] = dataclasses.replace(ours, ctx=lambda kind=kind: settings.ds_kernel(kind)).build("bwd")
     return calls
 
 
@@ -129,8 +104,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rows, kinds = args.rows.split(","), args.kinds.split(",")
     for r in rows:
-        if r not in ROWS:
-            ap.error(f"--rows: unknown row {r!r}; known: {', '.join(ROWS)}")
+        try:
+            registry.get_shape(r)
+        except ValueError as e:
+            ap.error(f"--rows: {e}")
     for kind in kinds:
         if kind not in ("auto", "triton", "hopper", "cudnn"):
             ap.error(f"--kinds: {kind!r} is not auto, triton, hopper or cudnn")
@@ -155,8 +132,8 @@ def main(argv=None):
             fields = " ".join(f"{f} {_med([x[f] for x in b if f in x]):6.0f}" for f in
                               ("events", "host_iter", "in_grad", "to", "body", "back") if f in b[0])
             rounds = " ".join(f"{x['events']:.0f}" for x in b)
-            print(f"{name:14s} {kind:6s} kernels {kernel_us(calls[kind]):6.0f} | {fields} | events by round {rounds}",
-                  flush=True)
+            kernels = sum(kernel_times(calls[kind], 5).values())
+            print(f"{name:14s} {kind:6s} kernels {kernels:6.0f} | {fields} | events by round {rounds}", flush=True)
         del calls
         torch.cuda.empty_cache()
 

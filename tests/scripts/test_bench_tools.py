@@ -3,6 +3,7 @@
 do not need a GPU (tune_attn.py's table overrides, profile_host.py's --smoke run, the PYTHONPATH that ab_trees.sh
 uses to pick the package under test) run here under the interpreter."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -161,9 +162,31 @@ def test_host_loop_parses_and_refuses_bad_names():
     proc = host_loop("--help")
     assert proc.returncode == 0 and proc.stdout.startswith("usage:"), proc.stderr
     proc = host_loop("--rows", "mha-long,nope")
-    assert proc.returncode == 2 and "unknown row 'nope'" in proc.stderr
+    assert proc.returncode == 2 and "unknown shape 'nope'" in proc.stderr
     proc = host_loop("--kinds", "triton,flash")
     assert proc.returncode == 2 and "'flash' is not" in proc.stderr
     if not torch.cuda.is_available():
         proc = host_loop()
         assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_host_loop_calls_are_the_runners_backward(monkeypatch):
+    """host_loop.py's timed calls (on the CPU, a registered smoke row): the runner's bwd candidate, its backward
+    through `EagerParallelAttn` (stamped) under each kind's FLA_BWD_DS_KERNEL, returning q, k and v's gradients."""
+    from benchmarks.tools import host_loop
+    from fla_bwd import settings
+
+    seen = []
+    monkeypatch.setattr(settings, "ds_kernel", lambda kind: (seen.append(kind), contextlib.nullcontext())[1])
+    stamps = host_loop.Stamps()
+    try:
+        calls = host_loop.row_calls("smoke", ["triton", "hopper"], device="cpu")
+        assert set(calls) == {"triton", "hopper"}
+        for kind, fn in calls.items():
+            seen.clear()
+            stamps.calls.clear()
+            grads = fn()
+            assert len(grads) == 3 and all(torch.isfinite(g).all() for g in grads)
+            assert seen == [kind] and len(stamps.calls) == 1
+    finally:
+        stamps.restore()

@@ -127,6 +127,12 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def capability(device: torch.device) -> tuple:
+    """The compute capability of a CUDA device, read once per device, as `sm_count`."""
+    return torch.cuda.get_device_capability(device)
+
+
 def _tile_work(lengths: tuple, H: int, G: int, D: int, W: int):
     """(query-block iterations of the longest key tile for one query head, iterations of all tiles and heads) of the
     KV-head-owned dK/dV kernel for sequences of these lengths, at the GPU's 16-bit tiles (also under the CPU

@@ -274,18 +274,12 @@ def split_for(B: int, T: int, H: int, G: int, sms: int) -> int:
     return next((s for s in splits if loads[s] <= MAX_IMBALANCE), min(splits, key=loads.get))
 
 
-@functools.cache
-def _capability(device: torch.device) -> tuple:
-    """The compute capability of a CUDA device, read once: `why_not` runs on every five-product backward."""
-    return torch.cuda.get_device_capability(device)
-
-
 def why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
     """None if this kernel can run a five-product backward of `host.Shape` s whose q, k, v and dO start 16-byte
     aligned or not (`aligned`; the caller has checked `from_ds.eligible` and density), else why not."""
     if is_interpreter() or device.type != "cuda":
         return "it runs on CUDA GPUs only (no CPU interpreter for Gluon)"
-    if _capability(device) != (9, 0):
+    if config.capability(device) != (9, 0):
         return "it needs an sm_90 (Hopper) GPU"
     if not (s.K == s.V == D):
         return f"it needs head dims K = V = {D}"
