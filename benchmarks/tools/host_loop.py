@@ -132,8 +132,10 @@ def main(argv=None):
             fields = " ".join(f"{f} {_med([x[f] for x in b if f in x]):6.0f}" for f in
                               ("events", "host_iter", "in_grad", "to", "body", "back") if f in b[0])
             rounds = " ".join(f"{x['events']:.0f}" for x in b)
-            kernels = sum(kernel_times(calls[kind], 5).values())
-            print(f"{name:14s} {kind:6s} kernels {kernels:6.0f} | {fields} | events by round {rounds}", flush=True)
+            each = kernel_times(calls[kind], 5)
+            print(f"{name:14s} {kind:6s} kernels {sum(each.values()):6.0f} | {fields} | events by round {rounds}",
+                  flush=True)
+            print("    " + ", ".join(f"{k} {t:.0f}" for k, t in sorted(each.items(), key=lambda kv: -kv[1])))
         del calls
         torch.cuda.empty_cache()
 

@@ -83,10 +83,10 @@ def test_out_of_scope_calls_say_why():
 
 
 @pytest.mark.parametrize("kw,auto,forced", [  # (split, chunk, hopper) under "auto", and with "hopper" forced
-    (dict(), (1, 1, False), (1, 1)),  # MHA B2 T2048: under HOPPER_DKV_MIN_T, the Triton kernel's rule
-    (dict(H=8), (1, 4, False), (1, 4)),  # gqa4-long: balanced unsplit
-    (dict(H=4), (4, 2, False), (2, 4)),  # G8 B2 T2048: two shares balance the Hopper kernel's items
-    (dict(H=2), (4, 4, False), (4, 4)),  # G16
+    (dict(), (1, 1, True), (1, 1)),  # MHA B2 T2048 (HOPPER_DKV_MIN_T)
+    (dict(H=8), (1, 4, True), (1, 4)),  # gqa4-long: balanced unsplit
+    (dict(H=4), (2, 4, True), (2, 4)),  # G8 B2 T2048: two shares balance the Hopper kernel's items
+    (dict(H=2), (4, 4, True), (4, 4)),  # G16
     (dict(B=1, T=4096, W=4096, H=4), (2, 4, True), (2, 4)),
     (dict(B=1, T=8192, W=8192, H=4), (1, 2, True), (1, 2)),  # two heads of each group fit the default budget
 ], ids=["mha", "g4", "g8-T2048", "g16", "g8-T4096", "g8-T8192"])

@@ -54,9 +54,9 @@ DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
 # there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost, shorter rows are host-bound.
 FIVE_PRODUCT_MIN_T = 2048
 # From this length on "auto" runs the five-product backward's dK/dV on the Hopper kernel (`gluon_dkv`, where it can):
-# its kernels win on every row (33-90 us at T = 2048), but its eager T = 2048 calls went host-bound in half the
-# blocks timed (Triton's in none), losing 130-350 us; won at T = 4096 and 8192 (PERF.md #42w, #42x, #42z, #43).
-HOPPER_DKV_MIN_T = 4096
+# its kernels win on every row (33-96 us at T = 2048), and eager T = 2048 calls follow them: interleaved with
+# Triton's blocks, no Hopper block stalled on the host more than Triton's (PERF.md #42w, #42x, #43, #44).
+HOPPER_DKV_MIN_T = 2048
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096) (#42q).
 FIVE_PRODUCT_SPLITS = (1, 4, 2)
