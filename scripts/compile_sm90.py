@@ -61,9 +61,9 @@ def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: int = 2, chunk: int = 2):
+def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: int = 2, chunk: int = 2, **knobs):
     """The Gluon dK/dV kernel (`gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper`) for sm_90 at H = 4, G = 8, with
-    the pointer types its launches pass (ACC_IN, ACC_OUT: fp32 sums read, written)."""
+    the pointer types its launches pass (ACC_IN, ACC_OUT: fp32 sums read, written) and its constexpr `knobs`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import fla_bwd.ops.attn.gluon_dkv as GD
@@ -77,7 +77,7 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
                dk_in="*fp32" if acc_in else out, nonfinite="*i8", sched="*i32", L="i32", B="i32", T="i32",
                NTILE="i32", G0="i32", qk_scale="fp32", dk_scale="fp32", ACC_IN="i32")
     sig.update(v_desc=sig["k_desc"], do_desc=sig["q_desc"], delta_desc=sig["lse_desc"], dv_in=sig["dk_in"])
-    values = dict(H=4, G=8, SPLIT=split, CHUNK=chunk, STAGES=GD.STAGES, PRODUCER_REGS=GD.PRODUCER_REGS)
+    values = dict(H=4, G=8, SPLIT=split, CHUNK=chunk, STAGES=GD.STAGES, PRODUCER_REGS=GD.PRODUCER_REGS, **knobs)
     names = fn.arg_names
     signature = {n: sig.get(n, "constexpr") for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}

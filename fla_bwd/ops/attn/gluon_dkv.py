@@ -63,7 +63,13 @@ BQ_C = gl.constexpr(BQ)
 D_C = gl.constexpr(D)
 STAGES = 3  # q/dO stages: 3 beat 2 by 1-3% at one K/V buffer (#42w); 198 KB of shared memory
 PRODUCER_REGS = 24  # the producer only issues copies
-MAX_IMBALANCE = 1.05  # `split_for`: the longest program's work over the mean
+MAX_IMBALANCE = 1.05
+# EXPERIMENT (session 11, not for landing as is): consumer-loop variants, read at import.
+import os as _os  # noqa: E402
+PAIRED = gl.constexpr(_os.environ.get("FLA_BWD_X_PAIRED", "0") == "1")
+DK_SMEM_A = gl.constexpr(_os.environ.get("FLA_BWD_X_DKSMEM", "0") == "1")
+DS_BUFS = gl.constexpr(int(_os.environ.get("FLA_BWD_X_DSBUF", "2")))
+NO_STORE = gl.constexpr(_os.environ.get("FLA_BWD_X_NOSTORE", "0") == "1")  # timing only: dq is garbage  # `split_for`: the longest program's work over the mean
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -111,14 +117,15 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
 def _store_ds(ds_desc, ds_smem, b_ds, i, row, qi, m):
     """dS^T tiles (qi, 2m) and (qi, 2m + 1), consecutive in the band (`from_ds.ds_layout`, causal); block qi = 2m
     sees only the first."""
-    db = i % 2
-    tma.store_wait(pendings=1)  # the copy that last read buffer db has finished
+    db = i % DS_BUFS
+    tma.store_wait(pendings=DS_BUFS - 1)  # the copies that last read buffer db have finished
     ds_smem.index(db).store(b_ds)
     fence_async_shared()
     tile = qi * (qi + 1) // 2 + 2 * m
     _tma_store(ds_desc, [row + tile * BQ_C, 0], ds_smem.index(db).slice(0, BQ_C))
     if qi > 2 * m:
         _tma_store(ds_desc, [row + (tile + 1) * BQ_C, 0], ds_smem.index(db).slice(BQ_C, BQ_C))
+    return ds_smem.index(db)
 
 
 @gluon.jit
@@ -158,18 +165,33 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
                 b_do = do_smem.index(s)
                 # [BT, BQ]: S^T = K Q^T
                 tok = warpgroup_mma(k_smem, b_q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                b_st = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+                if PAIRED:  # dP^T = V dO^T right behind S^T (FA3's order): it runs under the exponentials
+                    tok_dp = warpgroup_mma(v_smem, b_do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    b_st = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))
+                else:
+                    tok_dp = tok  # issued after dV below
+                    b_st = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
                 b_pt = gl.exp2(b_st * qk_scale - b_lse[None, :])
                 if qi < 2 * m + 2:  # the diagonal blocks: key <= query
                     b_pt = gl.where((m * BT_C + o_key)[:, None] <= (qi * BQ_C + o_q)[None, :], b_pt, 0.0)
                 acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A), b_do, acc_dv, is_async=True)
-                # [BT, BQ]: dP^T = V dO^T
-                tok = warpgroup_mma(v_smem, b_do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                acc_dv, b_dpt = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, tok))
+                if PAIRED:
+                    b_dpt = warpgroup_mma_wait(num_outstanding=1, deps=(tok_dp,))  # dV stays in flight
+                else:
+                    # [BT, BQ]: dP^T = V dO^T
+                    tok_dp = warpgroup_mma(v_smem, b_do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    acc_dv, b_dpt = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, tok_dp))
                 b_ds = (b_pt * (b_dpt - b_delta[None, :])).to(dtype)
-                _store_ds(ds_desc, ds_smem, b_ds, i, row, qi, m)
-                acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
-                acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dk,))
+                if not NO_STORE:
+                    ds_tile = _store_ds(ds_desc, ds_smem, b_ds, i, row, qi, m)
+                if DK_SMEM_A:  # dK's A operand from the tile the store reads: no register shuffle of dS^T
+                    acc_dk = warpgroup_mma(ds_tile, b_q, acc_dk, is_async=True)
+                else:
+                    acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
+                if PAIRED:
+                    acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
+                else:
+                    acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dk,))
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
         mbarrier.arrive(kv_empty.index(0), count=1)
@@ -201,7 +223,7 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     v_smem = gl.allocate_shared_memory(dtype, [BT_C, D_C], KV_SMEM)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BQ_C], ROW_SMEM)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BQ_C], ROW_SMEM)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, BT_C, BQ_C], DS_SMEM)
+    ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BT_C, BQ_C], DS_SMEM)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
