@@ -71,8 +71,8 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
     fn = GD.parallel_attn_bwd_kernel_dkv_ds_hopper
     e = TYPES[dtype]
     out = "*fp32" if acc_out or split > 1 else "*" + e
-    sig = dict(q_desc=f"tensordesc<{e}[64, 128],{GD.Q_SMEM.value!r}>", k_desc=f"tensordesc<{e}[128, 128],"
-               f"{GD.KV_SMEM.value!r}>", lse_desc=f"tensordesc<fp32[64],{GD.ROW_SMEM.value!r}>",
+    sig = dict(q_desc=f"tensordesc<{e}[64, 128],{GD.Q_SMEM.value!r}>", k_desc=f"tensordesc<{e}[{GD.KV_BOX}, 128],"
+               f"{GD.KV_BOX_SMEM.value!r}>", lse_desc=f"tensordesc<fp32[64],{GD.ROW_SMEM.value!r}>",
                ds_desc=f"tensordesc<{e}[64, 64],{GD.DS_TILE.value!r}>", dk=out, dv=out,
                dk_in="*fp32" if acc_in else out, nonfinite="*i8", sched="*i32", L="i32", B="i32", T="i32",
                NTILE="i32", G0="i32", qk_scale="fp32", dk_scale="fp32", ACC_IN="i32")

@@ -69,7 +69,19 @@ import os as _os  # noqa: E402
 PAIRED = gl.constexpr(_os.environ.get("FLA_BWD_X_PAIRED", "0") == "1")
 DK_SMEM_A = gl.constexpr(_os.environ.get("FLA_BWD_X_DKSMEM", "0") == "1")
 DS_BUFS = gl.constexpr(int(_os.environ.get("FLA_BWD_X_DSBUF", "2")))
-NO_STORE = gl.constexpr(_os.environ.get("FLA_BWD_X_NOSTORE", "0") == "1")  # timing only: dq is garbage  # `split_for`: the longest program's work over the mean
+NO_STORE = gl.constexpr(_os.environ.get("FLA_BWD_X_NOSTORE", "0") == "1")  # timing only: dq is garbage
+WG = gl.constexpr(_os.environ.get("FLA_BWD_X_WG", "0") == "1")  # one partition per consumer warpgroup
+if WG.value:
+    CONSUMER_WARPS = 4
+WG_REGS = gl.constexpr(240)
+BH = 64  # keys of one consumer warpgroup
+BH_C = gl.constexpr(BH)
+STAGES_C = gl.constexpr(STAGES)
+KV_BOX = BH if WG.value else BT  # rows of a K/V TMA box
+KV_BOX_SMEM = Q_SMEM if WG.value else KV_SMEM
+MMA_S4 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BQ, 16]))
+MMA_D4 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]))
+OPERAND_A4 = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_D4.value, k_width=2))  # `split_for`: the longest program's work over the mean
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -97,8 +109,13 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
         m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
         mbarrier.wait(kv_empty.index(0), t & 1)
         mbarrier.expect(kv_ready.index(0), KV_BYTES)
-        _tma_load(k_desc, [i_b * T + m * BT_C, i_h * D_C], kv_ready.index(0), k_smem)
-        _tma_load(v_desc, [i_b * T + m * BT_C, i_h * D_C], kv_ready.index(0), v_smem)
+        if WG:  # one [64, D] box a consumer warpgroup
+            for hf in gl.static_range(2):
+                _tma_load(k_desc, [i_b * T + m * BT_C + hf * BH_C, i_h * D_C], kv_ready.index(0), k_smem.index(hf))
+                _tma_load(v_desc, [i_b * T + m * BT_C + hf * BH_C, i_h * D_C], kv_ready.index(0), v_smem.index(hf))
+        else:
+            _tma_load(k_desc, [i_b * T + m * BT_C, i_h * D_C], kv_ready.index(0), k_smem)
+            _tma_load(v_desc, [i_b * T + m * BT_C, i_h * D_C], kv_ready.index(0), v_smem)
         for c in range(CHUNK):
             i_hq = i_h * G + i_p * (G // SPLIT) + G0 + c
             row = i_hq * (B * T) + i_b * T  # lse, delta: [HQ, B * T]
@@ -205,6 +222,78 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
     tma.store_wait(pendings=0)
 
 
+@gluon.jit
+def _consumer_wg(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite,
+                 sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+                 H: gl.constexpr, G: gl.constexpr, SPLIT: gl.constexpr, CHUNK: gl.constexpr, ACC_IN,
+                 STAGES: gl.constexpr, HALF):
+    """One consumer warpgroup: keys [HALF * 64, HALF * 64 + 64) of every item, with its own dS^T buffers, stores
+    and barrier arrivals, so that the two warpgroups never wait for each other."""
+    dtype: gl.constexpr = q_desc.dtype
+    o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S4))
+    o_key = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_S4))
+    o_r = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_D4))
+    o_c = gl.arange(0, D_C, layout=gl.SliceLayout(0, MMA_D4))
+    zero_s = gl.zeros([BH_C, BQ_C], gl.float32, MMA_S4)
+    # [BH, D]: this warpgroup's rows of K and V
+    b_k = k_smem.index(HALF)
+    b_v = v_smem.index(HALF)
+    i = 0
+    n_st = 0  # dS^T stores issued: buffer n_st % 2 is free once at most one store is pending
+    for t in range(gl.load(sched + gl.program_id(0) * (1 + L))):
+        m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
+        i_head = i_h * SPLIT + i_p
+        key0 = m * BT_C + HALF * BH_C
+        # [BH, D]: rows of `[B, T, H * SPLIT, D]`
+        p_out = ((i_b * T + key0 + o_r).to(gl.int64) * (H * SPLIT) + i_head)[:, None] * D_C + o_c[None, :]
+        acc_dk = gl.zeros([BH_C, D_C], gl.float32, MMA_D4)
+        acc_dv = gl.zeros([BH_C, D_C], gl.float32, MMA_D4)
+        if ACC_IN:
+            acc_dk = gl.load(dk_in + p_out).to(gl.float32)
+            acc_dv = gl.load(dv_in + p_out).to(gl.float32)
+        mbarrier.wait(kv_ready.index(0), t & 1)
+        for c in range(CHUNK):
+            band = ((i_b * H + i_h) * SPLIT + i_p) * CHUNK + c
+            row = band * NTILE * BQ_C
+            for qi in range(2 * m, T // BQ_C):
+                s = i % STAGES_C
+                mbarrier.wait(ready.index(s), (i // STAGES_C) & 1)
+                b_q = q_smem.index(s)
+                b_do = do_smem.index(s)
+                # [BH, BQ]: S^T = K Q^T, then dP^T = V dO^T right behind it (it runs under the exponentials)
+                tok = warpgroup_mma(b_k, b_q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                tok_dp = warpgroup_mma(b_v, b_do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                b_st = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))
+                b_lse = lse_smem.index(s).load(gl.SliceLayout(0, MMA_S4))
+                b_pt = gl.exp2(b_st * qk_scale - b_lse[None, :])
+                if qi < 2 * m + 2:  # the diagonal blocks: key <= query
+                    b_pt = gl.where((key0 + o_key)[:, None] <= (qi * BQ_C + o_q)[None, :], b_pt, 0.0)
+                acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A4), b_do, acc_dv, is_async=True)
+                b_dpt = warpgroup_mma_wait(num_outstanding=1, deps=(tok_dp,))
+                b_delta = delta_smem.index(s).load(gl.SliceLayout(0, MMA_S4))
+                b_ds = (b_pt * (b_dpt - b_delta[None, :])).to(dtype)
+                if (HALF == 0) | (qi > 2 * m):  # tile (qi, 2m + HALF) is visible: store it
+                    db = n_st % 2
+                    tma.store_wait(pendings=1)
+                    ds_smem.index(HALF * 2 + db).store(b_ds)
+                    fence_async_shared()
+                    _tma_store(ds_desc, [row + (qi * (qi + 1) // 2 + 2 * m + HALF) * BQ_C, 0],
+                               ds_smem.index(HALF * 2 + db))
+                    n_st += 1
+                acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A4), b_q, acc_dk, is_async=True)
+                acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
+                mbarrier.arrive(empty.index(s), count=1)
+                i += 1
+        mbarrier.arrive(kv_empty.index(0), count=1)
+        bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
+        flag = i_b * (H * SPLIT) + i_head + (2 * m + HALF) * (B * H * SPLIT)
+        gl.store(nonfinite + flag, gl.max(bad, 0).to(gl.int8))
+        gl.store(dk + p_out, (acc_dk * dk_scale).to(dk.dtype.element_ty))
+        gl.store(dv + p_out, acc_dv.to(dv.dtype.element_ty))
+    tma.store_wait(pendings=0)
+
+
 @gluon.jit(do_not_specialize=["L", "B", "T", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dkv_ds_hopper(
     q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched, L, B, T,
@@ -219,27 +308,47 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BQ_C, D_C], Q_SMEM)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BQ_C, D_C], Q_SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [BT_C, D_C], KV_SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [BT_C, D_C], KV_SMEM)
+    if WG:
+        k_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], Q_SMEM)
+        v_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], Q_SMEM)
+    else:
+        k_smem = gl.allocate_shared_memory(dtype, [BT_C, D_C], KV_SMEM)
+        v_smem = gl.allocate_shared_memory(dtype, [BT_C, D_C], KV_SMEM)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BQ_C], ROW_SMEM)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BQ_C], ROW_SMEM)
-    ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BT_C, BQ_C], DS_SMEM)
+    if WG:
+        ds_smem = gl.allocate_shared_memory(dtype, [4, BQ_C, BQ_C], DS_TILE)
+    else:
+        ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BT_C, BQ_C], DS_SMEM)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ARRIVALS: gl.constexpr = 2 if WG else 1  # consumer partitions
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-        mbarrier.arrive(empty.index(s), count=1)  # every stage starts free
+        mbarrier.init(empty.index(s), count=ARRIVALS)
+        mbarrier.arrive(empty.index(s), count=ARRIVALS)  # every stage starts free
     mbarrier.init(kv_ready.index(0), count=1)
-    mbarrier.init(kv_empty.index(0), count=1)
-    mbarrier.arrive(kv_empty.index(0), count=1)
+    mbarrier.init(kv_empty.index(0), count=ARRIVALS)
+    mbarrier.arrive(kv_empty.index(0), count=ARRIVALS)
     args = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
             L, B, T, NTILE, G0, qk_scale, dk_scale,
             q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
             H, G, SPLIT, CHUNK, ACC_IN, STAGES)
-    gl.warp_specialize([(_consumer, args), (_producer, args)], [1], [PRODUCER_REGS])
+    if WG:
+        wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
+                 L, B, T, NTILE, G0, qk_scale, dk_scale,
+                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+                 H, G, SPLIT, CHUNK, ACC_IN, STAGES, 0)
+        wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
+                 L, B, T, NTILE, G0, qk_scale, dk_scale,
+                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+                 H, G, SPLIT, CHUNK, ACC_IN, STAGES, 1)
+        # the producer as the default partition (4 warps, the registers the consumers leave: 24)
+        gl.warp_specialize([(_producer, args), (_consumer_wg, wg0), (_consumer_wg, wg1)], [4, 4], [WG_REGS, WG_REGS])
+    else:
+        gl.warp_specialize([(_consumer, args), (_producer, args)], [1], [PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -330,7 +439,7 @@ class HopperDkvLaunch:
         rows, q_cols, kv_cols = s.B * s.T, s.HQ * D, s.H * D
         # (input, its 2-D or 1-D view, block, shared-memory layout) of each TMA descriptor the kernel takes
         table = (("q", (rows, q_cols), [BQ, D], Q_SMEM), ("do", (rows, q_cols), [BQ, D], Q_SMEM),
-                 ("k", (rows, kv_cols), [BT, D], KV_SMEM), ("v", (rows, kv_cols), [BT, D], KV_SMEM),
+                 ("k", (rows, kv_cols), [KV_BOX, D], KV_BOX_SMEM), ("v", (rows, kv_cols), [KV_BOX, D], KV_BOX_SMEM),
                  ("lse", (-1,), [BQ], ROW_SMEM), ("delta", (-1,), [BQ], ROW_SMEM), ("ds", (-1, BQ), [BQ, BQ], DS_TILE))
         # (descriptor's env name, input's env name, view, block, layout): `_descriptors`, per call
         self.views = tuple((_DESC + name, args[name].name, view, block, layout.value)
