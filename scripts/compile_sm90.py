@@ -71,19 +71,19 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
     fn = GD.parallel_attn_bwd_kernel_dkv_ds_hopper
     e = TYPES[dtype]
     out = "*fp32" if acc_out or split > 1 else "*" + e
-    sig = dict(q_desc=f"tensordesc<{e}[64, 128],{GD.Q_SMEM.value!r}>", k_desc=f"tensordesc<{e}[{GD.KV_BOX}, 128],"
-               f"{GD.KV_BOX_SMEM.value!r}>", lse_desc=f"tensordesc<fp32[64],{GD.ROW_SMEM.value!r}>",
+    sig = dict(q_desc=f"tensordesc<{e}[64, 128],{GD.Q_SMEM.value!r}>", k_desc=f"tensordesc<{e}[{GD.BH}, 128],"
+               f"{GD.KV_SMEM.value!r}>", lse_desc=f"tensordesc<fp32[64],{GD.ROW_SMEM.value!r}>",
                ds_desc=f"tensordesc<{e}[64, 64],{GD.DS_TILE.value!r}>", dk=out, dv=out,
                dk_in="*fp32" if acc_in else out, nonfinite="*i8", sched="*i32", L="i32", B="i32", T="i32",
                NTILE="i32", G0="i32", qk_scale="fp32", dk_scale="fp32", ACC_IN="i32")
     sig.update(v_desc=sig["k_desc"], do_desc=sig["q_desc"], delta_desc=sig["lse_desc"], dv_in=sig["dk_in"])
-    values = dict(H=4, G=8, SPLIT=split, CHUNK=chunk, STAGES=GD.STAGES, PRODUCER_REGS=GD.PRODUCER_REGS, **knobs)
+    values = dict(H=4, G=8, SPLIT=split, CHUNK=chunk, **knobs)
     names = fn.arg_names
     signature = {n: sig.get(n, "constexpr") for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("dk", "dv", "dk_in", "dv_in", "nonfinite", "sched")}
     return triton.compile(GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=GD.CONSUMER_WARPS))
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=GD.NUM_WARPS))
 
 
 def cuobjdump(compiled, flag: str) -> str:

@@ -157,7 +157,7 @@ def test_plan_step_describes_the_inputs():
                lse=torch.zeros(HQ, B * T), delta=torch.zeros(HQ, B * T), ds=torch.zeros(8 * 64 * 64, dtype=bf16))
     step._descriptors(env)
     expected = {"q": ([B * T, HQ * D], [64, D], gluon_dkv.Q_SMEM), "do": ([B * T, HQ * D], [64, D], gluon_dkv.Q_SMEM),
-                "k": ([B * T, H * D], [128, D], gluon_dkv.KV_SMEM), "v": ([B * T, H * D], [128, D], gluon_dkv.KV_SMEM),
+                "k": ([B * T, H * D], [64, D], gluon_dkv.KV_SMEM), "v": ([B * T, H * D], [64, D], gluon_dkv.KV_SMEM),
                 "lse": ([HQ * B * T], [64], gluon_dkv.ROW_SMEM), "delta": ([HQ * B * T], [64], gluon_dkv.ROW_SMEM),
                 "ds": ([8 * 64, 64], [64, 64], gluon_dkv.DS_TILE)}
     for name, (shape, block, layout) in expected.items():

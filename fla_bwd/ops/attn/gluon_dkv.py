@@ -42,46 +42,29 @@ _tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
 _tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
 LOG2E = math.log2(math.e)
 BT = 128  # keys an item: two consumer warpgroups of 64 (the Triton kernel's key tile, so flags and dS tiles match)
+BH = 64  # keys of one consumer warpgroup
 BQ = 64  # queries a block (the Triton kernel's BS)
 D = 128
-CONSUMER_WARPS = 8
-MMA_S = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
-                                               instr_shape=[16, BQ, 16]))
-MMA_D = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
-                                               instr_shape=[16, D, 16]))
+NUM_WARPS = 4  # the default partition, the producer; each consumer warpgroup is a worker partition of 4 warps
+CONSUMER_REGS = 240  # the producer keeps the rest of the 168 a thread at launch: 24
+MMA_S = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BQ, 16]))
+MMA_D = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]))
 OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_D.value, k_width=2))
 # 16-bit layouts: fp16 and bf16 share them (the swizzle depends on the element width only).
 Q_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, D], gl.bfloat16))
-KV_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BT, D], gl.bfloat16))
-DS_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BT, BQ], gl.bfloat16))
-DS_TILE = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, BQ], gl.bfloat16))
+KV_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BH, D], gl.bfloat16))
+DS_TILE = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, BH], gl.bfloat16))
 ROW_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ], gl.float32))
 STAGE_BYTES = gl.constexpr(2 * BQ * D * 2 + 2 * BQ * 4)  # q, dO, lse, delta of one block
 KV_BYTES = gl.constexpr(2 * BT * D * 2)
 BT_C = gl.constexpr(BT)
+BH_C = gl.constexpr(BH)
 BQ_C = gl.constexpr(BQ)
 D_C = gl.constexpr(D)
+CONSUMER_REGS_C = gl.constexpr(CONSUMER_REGS)
 STAGES = 3  # q/dO stages: 3 beat 2 by 1-3% at one K/V buffer (#42w); 198 KB of shared memory
-PRODUCER_REGS = 24  # the producer only issues copies
-MAX_IMBALANCE = 1.05
-# EXPERIMENT (session 11, not for landing as is): consumer-loop variants, read at import.
-import os as _os  # noqa: E402
-PAIRED = gl.constexpr(_os.environ.get("FLA_BWD_X_PAIRED", "0") == "1")
-DK_SMEM_A = gl.constexpr(_os.environ.get("FLA_BWD_X_DKSMEM", "0") == "1")
-DS_BUFS = gl.constexpr(int(_os.environ.get("FLA_BWD_X_DSBUF", "2")))
-NO_STORE = gl.constexpr(_os.environ.get("FLA_BWD_X_NOSTORE", "0") == "1")  # timing only: dq is garbage
-WG = gl.constexpr(_os.environ.get("FLA_BWD_X_WG", "0") == "1")  # one partition per consumer warpgroup
-if WG.value:
-    CONSUMER_WARPS = 4
-WG_REGS = gl.constexpr(240)
-BH = 64  # keys of one consumer warpgroup
-BH_C = gl.constexpr(BH)
-STAGES_C = gl.constexpr(STAGES)
-KV_BOX = BH if WG.value else BT  # rows of a K/V TMA box
-KV_BOX_SMEM = Q_SMEM if WG.value else KV_SMEM
-MMA_S4 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BQ, 16]))
-MMA_D4 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]))
-OPERAND_A4 = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_D4.value, k_width=2))  # `split_for`: the longest program's work over the mean
+STAGES_C = gl.constexpr(STAGES)  # partitions get their arguments as values: the ring's size stays a constant here
+MAX_IMBALANCE = 1.05  # `split_for`: the longest program's work over the mean
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -89,7 +72,7 @@ OPERAND_A4 = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_D4.val
 # ----------------------------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _item(sched, t, L, B, H: gl.constexpr, SPLIT: gl.constexpr):
+def _item(sched, t, L, B, H, SPLIT):
     """(128-key tile m, batch, KV head, share) of this program's t-th item (`schedule`)."""
     item = gl.load(sched + gl.program_id(0) * (1 + L) + 1 + t)
     bh = item // SPLIT % (B * H)
@@ -100,28 +83,24 @@ def _item(sched, t, L, B, H: gl.constexpr, SPLIT: gl.constexpr):
 def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
               L, B, T, NTILE, G0, qk_scale, dk_scale,
               q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
-              H: gl.constexpr, G: gl.constexpr, SPLIT: gl.constexpr, CHUNK: gl.constexpr, ACC_IN,
-              STAGES: gl.constexpr):
-    """Copies each item's K/V, then q, dO, lse, delta of every (head of the chunk, query block from the diagonal)
-    into the next free stage."""
+              H, G, SPLIT, CHUNK, ACC_IN):
+    """Copies each item's K/V (a [64, D] box a consumer warpgroup), then q, dO, lse, delta of every (head of the
+    chunk, query block from the diagonal) into the next free stage."""
     i = 0
     for t in range(gl.load(sched + gl.program_id(0) * (1 + L))):
         m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
         mbarrier.wait(kv_empty.index(0), t & 1)
         mbarrier.expect(kv_ready.index(0), KV_BYTES)
-        if WG:  # one [64, D] box a consumer warpgroup
-            for hf in gl.static_range(2):
-                _tma_load(k_desc, [i_b * T + m * BT_C + hf * BH_C, i_h * D_C], kv_ready.index(0), k_smem.index(hf))
-                _tma_load(v_desc, [i_b * T + m * BT_C + hf * BH_C, i_h * D_C], kv_ready.index(0), v_smem.index(hf))
-        else:
-            _tma_load(k_desc, [i_b * T + m * BT_C, i_h * D_C], kv_ready.index(0), k_smem)
-            _tma_load(v_desc, [i_b * T + m * BT_C, i_h * D_C], kv_ready.index(0), v_smem)
+        for i_wg in gl.static_range(2):
+            key0 = i_b * T + m * BT_C + i_wg * BH_C
+            _tma_load(k_desc, [key0, i_h * D_C], kv_ready.index(0), k_smem.index(i_wg))
+            _tma_load(v_desc, [key0, i_h * D_C], kv_ready.index(0), v_smem.index(i_wg))
         for c in range(CHUNK):
             i_hq = i_h * G + i_p * (G // SPLIT) + G0 + c
             row = i_hq * (B * T) + i_b * T  # lse, delta: [HQ, B * T]
             for qi in range(2 * m, T // BQ_C):
-                s = i % STAGES
-                mbarrier.wait(empty.index(s), (i // STAGES) & 1)
+                s = i % STAGES_C
+                mbarrier.wait(empty.index(s), (i // STAGES_C) & 1)
                 mbarrier.expect(ready.index(s), STAGE_BYTES)
                 _tma_load(lse_desc, [row + qi * BQ_C], ready.index(s), lse_smem.index(s))
                 _tma_load(delta_desc, [row + qi * BQ_C], ready.index(s), delta_smem.index(s))
@@ -131,42 +110,34 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
 
 
 @gluon.jit
-def _store_ds(ds_desc, ds_smem, b_ds, i, row, qi, m):
-    """dS^T tiles (qi, 2m) and (qi, 2m + 1), consecutive in the band (`from_ds.ds_layout`, causal); block qi = 2m
-    sees only the first."""
-    db = i % DS_BUFS
-    tma.store_wait(pendings=DS_BUFS - 1)  # the copies that last read buffer db have finished
-    ds_smem.index(db).store(b_ds)
-    fence_async_shared()
-    tile = qi * (qi + 1) // 2 + 2 * m
-    _tma_store(ds_desc, [row + tile * BQ_C, 0], ds_smem.index(db).slice(0, BQ_C))
-    if qi > 2 * m:
-        _tma_store(ds_desc, [row + (tile + 1) * BQ_C, 0], ds_smem.index(db).slice(BQ_C, BQ_C))
-    return ds_smem.index(db)
-
-
-@gluon.jit
 def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
               L, B, T, NTILE, G0, qk_scale, dk_scale,
               q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
-              H: gl.constexpr, G: gl.constexpr, SPLIT: gl.constexpr, CHUNK: gl.constexpr, ACC_IN,
-              STAGES: gl.constexpr):
-    """The four products of every block of an item, the dS^T stores, then the item's dK/dV and flags."""
+              H, G, SPLIT, CHUNK, ACC_IN, i_wg):
+    """Consumer warpgroup i_wg: keys [64 i_wg, 64 i_wg + 64) of every item, the four products of each of its
+    blocks, its dS^T stores and its item's dK/dV and flags. Its own partition, shared-memory tiles and barrier
+    arrivals: the two warpgroups never wait for each other (as one 8-warp partition they met at four barriers an
+    iteration, PERF.md #44)."""
     dtype: gl.constexpr = q_desc.dtype
     o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S))
-    o_key = gl.arange(0, BT_C, layout=gl.SliceLayout(1, MMA_S))
-    o_r = gl.arange(0, BT_C, layout=gl.SliceLayout(1, MMA_D))
+    o_key = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_S))
+    o_r = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_D))
     o_c = gl.arange(0, D_C, layout=gl.SliceLayout(0, MMA_D))
-    zero_s = gl.zeros([BT_C, BQ_C], gl.float32, MMA_S)
+    zero_s = gl.zeros([BH_C, BQ_C], gl.float32, MMA_S)
+    # [BH, D]
+    b_k = k_smem.index(i_wg)
+    b_v = v_smem.index(i_wg)
     i = 0
+    n_st = 0  # dS^T stores issued; buffer n_st % 2 is free once at most the last one is pending
     for t in range(gl.load(sched + gl.program_id(0) * (1 + L))):
         m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
         i_head = i_h * SPLIT + i_p
-        # [BT, D]: rows of `[B, T, H * SPLIT, D]`
-        p_out = ((i_b * T + m * BT_C + o_r).to(gl.int64) * (H * SPLIT) + i_head)[:, None] * D_C + o_c[None, :]
-        acc_dk = gl.zeros([BT_C, D_C], gl.float32, MMA_D)
-        acc_dv = gl.zeros([BT_C, D_C], gl.float32, MMA_D)
-        if ACC_IN:  # a runtime flag: constexprs reach warp_specialize's partitions as values
+        key0 = m * BT_C + i_wg * BH_C
+        # [BH, D]: rows of `[B, T, H * SPLIT, D]`
+        p_out = ((i_b * T + key0 + o_r).to(gl.int64) * (H * SPLIT) + i_head)[:, None] * D_C + o_c[None, :]
+        acc_dk = gl.zeros([BH_C, D_C], gl.float32, MMA_D)
+        acc_dv = gl.zeros([BH_C, D_C], gl.float32, MMA_D)
+        if ACC_IN:  # a runtime flag, like every argument of a partition
             acc_dk = gl.load(dk_in + p_out).to(gl.float32)
             acc_dv = gl.load(dv_in + p_out).to(gl.float32)
         mbarrier.wait(kv_ready.index(0), t & 1)
@@ -174,121 +145,38 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
             band = ((i_b * H + i_h) * SPLIT + i_p) * CHUNK + c  # `from_ds.add_five_product_backward`'s band order
             row = band * NTILE * BQ_C
             for qi in range(2 * m, T // BQ_C):
-                s = i % STAGES
-                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-                b_lse = lse_smem.index(s).load(gl.SliceLayout(0, MMA_S))
-                b_delta = delta_smem.index(s).load(gl.SliceLayout(0, MMA_S))
-                b_q = q_smem.index(s)
-                b_do = do_smem.index(s)
-                # [BT, BQ]: S^T = K Q^T
-                tok = warpgroup_mma(k_smem, b_q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                if PAIRED:  # dP^T = V dO^T right behind S^T (FA3's order): it runs under the exponentials
-                    tok_dp = warpgroup_mma(v_smem, b_do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                    b_st = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))
-                else:
-                    tok_dp = tok  # issued after dV below
-                    b_st = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-                b_pt = gl.exp2(b_st * qk_scale - b_lse[None, :])
-                if qi < 2 * m + 2:  # the diagonal blocks: key <= query
-                    b_pt = gl.where((m * BT_C + o_key)[:, None] <= (qi * BQ_C + o_q)[None, :], b_pt, 0.0)
-                acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A), b_do, acc_dv, is_async=True)
-                if PAIRED:
-                    b_dpt = warpgroup_mma_wait(num_outstanding=1, deps=(tok_dp,))  # dV stays in flight
-                else:
-                    # [BT, BQ]: dP^T = V dO^T
-                    tok_dp = warpgroup_mma(v_smem, b_do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                    acc_dv, b_dpt = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, tok_dp))
-                b_ds = (b_pt * (b_dpt - b_delta[None, :])).to(dtype)
-                if not NO_STORE:
-                    ds_tile = _store_ds(ds_desc, ds_smem, b_ds, i, row, qi, m)
-                if DK_SMEM_A:  # dK's A operand from the tile the store reads: no register shuffle of dS^T
-                    acc_dk = warpgroup_mma(ds_tile, b_q, acc_dk, is_async=True)
-                else:
-                    acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
-                if PAIRED:
-                    acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
-                else:
-                    acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dk,))
-                mbarrier.arrive(empty.index(s), count=1)
-                i += 1
-        mbarrier.arrive(kv_empty.index(0), count=1)
-        # The FLAG launch's flags: per 64-key tile (the Triton kernel's program index), whether dK or dV is not finite.
-        bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
-        first = i_b * (H * SPLIT) + i_head + 2 * m * (B * H * SPLIT)
-        gl.store(nonfinite + first, gl.max(gl.where(o_r < BQ_C, bad, 0), 0).to(gl.int8))
-        gl.store(nonfinite + first + B * H * SPLIT, gl.max(gl.where(o_r >= BQ_C, bad, 0), 0).to(gl.int8))
-        gl.store(dk + p_out, (acc_dk * dk_scale).to(dk.dtype.element_ty))
-        gl.store(dv + p_out, acc_dv.to(dv.dtype.element_ty))
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _consumer_wg(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite,
-                 sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
-                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
-                 H: gl.constexpr, G: gl.constexpr, SPLIT: gl.constexpr, CHUNK: gl.constexpr, ACC_IN,
-                 STAGES: gl.constexpr, HALF):
-    """One consumer warpgroup: keys [HALF * 64, HALF * 64 + 64) of every item, with its own dS^T buffers, stores
-    and barrier arrivals, so that the two warpgroups never wait for each other."""
-    dtype: gl.constexpr = q_desc.dtype
-    o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S4))
-    o_key = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_S4))
-    o_r = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_D4))
-    o_c = gl.arange(0, D_C, layout=gl.SliceLayout(0, MMA_D4))
-    zero_s = gl.zeros([BH_C, BQ_C], gl.float32, MMA_S4)
-    # [BH, D]: this warpgroup's rows of K and V
-    b_k = k_smem.index(HALF)
-    b_v = v_smem.index(HALF)
-    i = 0
-    n_st = 0  # dS^T stores issued: buffer n_st % 2 is free once at most one store is pending
-    for t in range(gl.load(sched + gl.program_id(0) * (1 + L))):
-        m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
-        i_head = i_h * SPLIT + i_p
-        key0 = m * BT_C + HALF * BH_C
-        # [BH, D]: rows of `[B, T, H * SPLIT, D]`
-        p_out = ((i_b * T + key0 + o_r).to(gl.int64) * (H * SPLIT) + i_head)[:, None] * D_C + o_c[None, :]
-        acc_dk = gl.zeros([BH_C, D_C], gl.float32, MMA_D4)
-        acc_dv = gl.zeros([BH_C, D_C], gl.float32, MMA_D4)
-        if ACC_IN:
-            acc_dk = gl.load(dk_in + p_out).to(gl.float32)
-            acc_dv = gl.load(dv_in + p_out).to(gl.float32)
-        mbarrier.wait(kv_ready.index(0), t & 1)
-        for c in range(CHUNK):
-            band = ((i_b * H + i_h) * SPLIT + i_p) * CHUNK + c
-            row = band * NTILE * BQ_C
-            for qi in range(2 * m, T // BQ_C):
                 s = i % STAGES_C
                 mbarrier.wait(ready.index(s), (i // STAGES_C) & 1)
                 b_q = q_smem.index(s)
                 b_do = do_smem.index(s)
-                # [BH, BQ]: S^T = K Q^T, then dP^T = V dO^T right behind it (it runs under the exponentials)
+                # [BH, BQ]: S^T = K Q^T, and dP^T = V dO^T right behind it (it runs under the exponentials)
                 tok = warpgroup_mma(b_k, b_q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 tok_dp = warpgroup_mma(b_v, b_do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 b_st = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))
-                b_lse = lse_smem.index(s).load(gl.SliceLayout(0, MMA_S4))
+                # lse and delta read where they are used: held across the iteration they spilled
+                b_lse = lse_smem.index(s).load(gl.SliceLayout(0, MMA_S))
                 b_pt = gl.exp2(b_st * qk_scale - b_lse[None, :])
                 if qi < 2 * m + 2:  # the diagonal blocks: key <= query
                     b_pt = gl.where((key0 + o_key)[:, None] <= (qi * BQ_C + o_q)[None, :], b_pt, 0.0)
-                acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A4), b_do, acc_dv, is_async=True)
-                b_dpt = warpgroup_mma_wait(num_outstanding=1, deps=(tok_dp,))
-                b_delta = delta_smem.index(s).load(gl.SliceLayout(0, MMA_S4))
+                acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A), b_do, acc_dv, is_async=True)
+                b_dpt = warpgroup_mma_wait(num_outstanding=1, deps=(tok_dp,))  # dV stays in flight
+                b_delta = delta_smem.index(s).load(gl.SliceLayout(0, MMA_S))
                 b_ds = (b_pt * (b_dpt - b_delta[None, :])).to(dtype)
-                if (HALF == 0) | (qi > 2 * m):  # tile (qi, 2m + HALF) is visible: store it
-                    db = n_st % 2
-                    tma.store_wait(pendings=1)
-                    ds_smem.index(HALF * 2 + db).store(b_ds)
+                if (i_wg == 0) | (qi > 2 * m):  # tile (qi, 2m + i_wg) is in the band (`from_ds.ds_layout`, causal)
+                    buf = ds_smem.index(2 * i_wg + n_st % 2)
+                    tma.store_wait(pendings=1)  # the store that last read buf has finished
+                    buf.store(b_ds)
                     fence_async_shared()
-                    _tma_store(ds_desc, [row + (qi * (qi + 1) // 2 + 2 * m + HALF) * BQ_C, 0],
-                               ds_smem.index(HALF * 2 + db))
+                    _tma_store(ds_desc, [row + (qi * (qi + 1) // 2 + 2 * m + i_wg) * BQ_C, 0], buf)
                     n_st += 1
-                acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A4), b_q, acc_dk, is_async=True)
+                acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
                 acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
         mbarrier.arrive(kv_empty.index(0), count=1)
+        # The FLAG launch's flag of this 64-key tile (the Triton kernel's program index): dK or dV not finite.
         bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
-        flag = i_b * (H * SPLIT) + i_head + (2 * m + HALF) * (B * H * SPLIT)
-        gl.store(nonfinite + flag, gl.max(bad, 0).to(gl.int8))
+        gl.store(nonfinite + i_b * (H * SPLIT) + i_head + (2 * m + i_wg) * (B * H * SPLIT), gl.max(bad, 0).to(gl.int8))
         gl.store(dk + p_out, (acc_dk * dk_scale).to(dk.dtype.element_ty))
         gl.store(dv + p_out, acc_dv.to(dv.dtype.element_ty))
     tma.store_wait(pendings=0)
@@ -298,7 +186,7 @@ def _consumer_wg(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc,
 def parallel_attn_bwd_kernel_dkv_ds_hopper(
     q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched, L, B, T,
     NTILE, G0, qk_scale, dk_scale, ACC_IN, H: gl.constexpr, G: gl.constexpr, SPLIT: gl.constexpr,
-    CHUNK: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CHUNK: gl.constexpr,
 ):
     """dK/dV of heads [G0, G0 + CHUNK) of each share of G / SPLIT query heads, their dS^T tiles (`from_ds.py`'s
     layout, bands of NTILE tiles) and the FLAG launch's flags; dk, dv `[B, T, H * SPLIT, D]`, dk times dk_scale
@@ -306,49 +194,39 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     ACC_IN (a runtime 0/1: else they are not read), as the Triton kernel's ACC_IN / ACC_OUT."""
     gl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BQ_C, D_C], Q_SMEM)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BQ_C, D_C], Q_SMEM)
-    if WG:
-        k_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], Q_SMEM)
-        v_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], Q_SMEM)
-    else:
-        k_smem = gl.allocate_shared_memory(dtype, [BT_C, D_C], KV_SMEM)
-        v_smem = gl.allocate_shared_memory(dtype, [BT_C, D_C], KV_SMEM)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BQ_C], ROW_SMEM)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BQ_C], ROW_SMEM)
-    if WG:
-        ds_smem = gl.allocate_shared_memory(dtype, [4, BQ_C, BQ_C], DS_TILE)
-    else:
-        ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BT_C, BQ_C], DS_SMEM)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BQ_C, D_C], Q_SMEM)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BQ_C, D_C], Q_SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], KV_SMEM)  # [consumer warpgroup, key, d]
+    v_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], KV_SMEM)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
+    ds_smem = gl.allocate_shared_memory(dtype, [4, BH_C, BQ_C], DS_TILE)  # two buffers a consumer warpgroup
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    ARRIVALS: gl.constexpr = 2 if WG else 1  # consumer partitions
-    for s in gl.static_range(STAGES):
+    for s in gl.static_range(STAGES_C):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=ARRIVALS)
-        mbarrier.arrive(empty.index(s), count=ARRIVALS)  # every stage starts free
+        mbarrier.init(empty.index(s), count=2)  # one arrival a consumer warpgroup
+        mbarrier.arrive(empty.index(s), count=2)  # every stage starts free
     mbarrier.init(kv_ready.index(0), count=1)
-    mbarrier.init(kv_empty.index(0), count=ARRIVALS)
-    mbarrier.arrive(kv_empty.index(0), count=ARRIVALS)
-    args = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
-            L, B, T, NTILE, G0, qk_scale, dk_scale,
-            q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
-            H, G, SPLIT, CHUNK, ACC_IN, STAGES)
-    if WG:
-        wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
-                 L, B, T, NTILE, G0, qk_scale, dk_scale,
-                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
-                 H, G, SPLIT, CHUNK, ACC_IN, STAGES, 0)
-        wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
-                 L, B, T, NTILE, G0, qk_scale, dk_scale,
-                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
-                 H, G, SPLIT, CHUNK, ACC_IN, STAGES, 1)
-        # the producer as the default partition (4 warps, the registers the consumers leave: 24)
-        gl.warp_specialize([(_producer, args), (_consumer_wg, wg0), (_consumer_wg, wg1)], [4, 4], [WG_REGS, WG_REGS])
-    else:
-        gl.warp_specialize([(_consumer, args), (_producer, args)], [1], [PRODUCER_REGS])
+    mbarrier.init(kv_empty.index(0), count=2)
+    mbarrier.arrive(kv_empty.index(0), count=2)
+    # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
+    wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
+           L, B, T, NTILE, G0, qk_scale, dk_scale,
+           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+           H, G, SPLIT, CHUNK, ACC_IN, 0)
+    wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
+           L, B, T, NTILE, G0, qk_scale, dk_scale,
+           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+           H, G, SPLIT, CHUNK, ACC_IN, 1)
+    producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite,
+                sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+                q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+                H, G, SPLIT, CHUNK, ACC_IN)
+    gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
+                       [CONSUMER_REGS_C, CONSUMER_REGS_C])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -439,7 +317,7 @@ class HopperDkvLaunch:
         rows, q_cols, kv_cols = s.B * s.T, s.HQ * D, s.H * D
         # (input, its 2-D or 1-D view, block, shared-memory layout) of each TMA descriptor the kernel takes
         table = (("q", (rows, q_cols), [BQ, D], Q_SMEM), ("do", (rows, q_cols), [BQ, D], Q_SMEM),
-                 ("k", (rows, kv_cols), [KV_BOX, D], KV_BOX_SMEM), ("v", (rows, kv_cols), [KV_BOX, D], KV_BOX_SMEM),
+                 ("k", (rows, kv_cols), [BH, D], KV_SMEM), ("v", (rows, kv_cols), [BH, D], KV_SMEM),
                  ("lse", (-1,), [BQ], ROW_SMEM), ("delta", (-1,), [BQ], ROW_SMEM), ("ds", (-1, BQ), [BQ, BQ], DS_TILE))
         # (descriptor's env name, input's env name, view, block, layout): `_descriptors`, per call
         self.views = tuple((_DESC + name, args[name].name, view, block, layout.value)
@@ -449,8 +327,7 @@ class HopperDkvLaunch:
             dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
             nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
             qk_scale=s.scale * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale, ACC_IN=int(acc_in), H=s.H,
-            G=s.HQ // s.H, SPLIT=split, CHUNK=chunk, STAGES=STAGES, PRODUCER_REGS=PRODUCER_REGS,
-            num_warps=CONSUMER_WARPS))
+            G=s.HQ // s.H, SPLIT=split, CHUNK=chunk, num_warps=NUM_WARPS))
         self.templates = None  # the first call's descriptors without their tensors (`_descriptors`)
 
     def _descriptors(self, env: dict) -> None:
