@@ -6,8 +6,10 @@ Same outputs as the Triton KV-head-owned kernel with STORE_DS (`parallel.paralle
 (PERF.md #42r): a persistent grid, one producer warp that copies K/V and each (query head, query block)'s q, dO,
 lse and delta by TMA into a ring of shared-memory stages behind mbarriers, and two consumer warpgroups that run the
 four products of a [128 keys, 64 queries] tile (64 keys each, sharing every q/dO stage) and store the 16-bit dS^T
-by TMA from a double-buffered shared-memory tile. Work items are (128-key tile, batch, KV head, share of the
-group), dealt to the programs longest first (`schedule`: static, so the result is deterministic).
+by TMA, each from its own double-buffered shared-memory tile. Each consumer warpgroup is a partition of its own:
+in one 8-warp partition every TMA store and barrier arrival synchronised both (PERF.md #45). Work items are
+(128-key tile, batch, KV head, share of the group), dealt to the programs longest first (`schedule`: static, so
+the result is deterministic).
 
 It is the FLAG launch of the two-launch containment (`host.add_contained`): every 64-key tile's flag says whether
 its dK/dV is not finite, and the Triton kernel's FIXUP launch recomputes those tiles with containment.
@@ -117,7 +119,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
     """Consumer warpgroup i_wg: keys [64 i_wg, 64 i_wg + 64) of every item, the four products of each of its
     blocks, its dS^T stores and its item's dK/dV and flags. Its own partition, shared-memory tiles and barrier
     arrivals: the two warpgroups never wait for each other (as one 8-warp partition they met at four barriers an
-    iteration, PERF.md #44)."""
+    iteration, PERF.md #45)."""
     dtype: gl.constexpr = q_desc.dtype
     o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S))
     o_key = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_S))
