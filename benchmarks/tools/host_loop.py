@@ -115,6 +115,14 @@ def main(argv=None):
         ap.error("needs a CUDA GPU (host time of the CPU interpreter measures nothing)")
     rng = random.Random(args.seed)
     stamps = Stamps()
+    try:
+        _run(rows, kinds, args, rng, stamps)
+    finally:
+        stamps.restore()
+
+
+def _run(rows, kinds, args, rng, stamps: Stamps) -> None:
+    """Every row's interleaved blocks, then its kernel times; prints two lines a (row, kind)."""
     flush = Timer(torch.device("cuda")).flush  # the runner's L2 flush
     for name in rows:
         calls = row_calls(name, kinds)

@@ -3,7 +3,7 @@
 
 Same outputs as the Triton KV-head-owned kernel with STORE_DS (`parallel.parallel_attn_bwd_kernel_dkv_per_kv_head`,
 `from_ds.py`'s tile layout), in FlashAttention-3's structure, which Triton 3.6 does not build from the Triton kernel
-(PERF.md #42r): a persistent grid, one producer warp that copies K/V and each (query head, query block)'s q, dO,
+(PERF.md #42r): a persistent grid, a producer partition that copies K/V and each (query head, query block)'s q, dO,
 lse and delta by TMA into a ring of shared-memory stages behind mbarriers, and two consumer warpgroups that run the
 four products of a [128 keys, 64 queries] tile (64 keys each, sharing every q/dO stage) and store the 16-bit dS^T
 by TMA, each from its own double-buffered shared-memory tile. Each consumer warpgroup is a partition of its own:
@@ -48,7 +48,7 @@ BH = 64  # keys of one consumer warpgroup
 BQ = 64  # queries a block (the Triton kernel's BS)
 D = 128
 NUM_WARPS = 4  # the default partition, the producer; each consumer warpgroup is a worker partition of 4 warps
-CONSUMER_REGS = 240  # the producer keeps the rest of the 168 a thread at launch: 24
+CONSUMER_REGS = gl.constexpr(240)  # the producer keeps the rest of the 168 a thread at launch: 24
 MMA_S = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BQ, 16]))
 MMA_D = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]))
 OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_D.value, k_width=2))
@@ -63,7 +63,6 @@ BT_C = gl.constexpr(BT)
 BH_C = gl.constexpr(BH)
 BQ_C = gl.constexpr(BQ)
 D_C = gl.constexpr(D)
-CONSUMER_REGS_C = gl.constexpr(CONSUMER_REGS)
 STAGES = 3  # q/dO stages: 3 beat 2 by 1-3% at one K/V buffer (#42w); 198 KB of shared memory
 STAGES_C = gl.constexpr(STAGES)  # partitions get their arguments as values: the ring's size stays a constant here
 MAX_IMBALANCE = 1.05  # `split_for`: the longest program's work over the mean
@@ -228,7 +227,7 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
                 H, G, SPLIT, CHUNK, ACC_IN)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
-                       [CONSUMER_REGS_C, CONSUMER_REGS_C])
+                       [CONSUMER_REGS, CONSUMER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------------------------
