@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from conftest import DEVICE
-from helpers import Case, check_against_oracle, make_inputs, params, run_parallel
+from helpers import Case, check_against_oracle, make_inputs, params, run_parallel, run_reference
 from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
 from test_attn_nan import _check_poisoned, _poisoned_run
 
@@ -34,12 +34,18 @@ CPU_CASES = [
     Case(B=2, T=50, HQ=2, H=1, K=64, dtype=bf16, window=33),
     Case(B=1, T=1, HQ=2, H=1, K=64, dtype=bf16),
     Case(B=1, T=16, HQ=2, H=1, K=16, dtype=bf16, scale=0.3),
+    Case(B=2, T=63, HQ=4, H=2, K=64, dtype=bf16, gate=True),
+    Case(B=1, T=100, HQ=4, H=1, K=64, dtype=f16, gate=True, window=30),
+    Case(B=1, T=80, HQ=2, H=2, K=32, dtype=bf16, gate=True, g_dtype=bf16),
 ]
 GPU_CASES = [
     Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16),
     Case(B=1, T=777, HQ=8, H=8, K=128, dtype=f16),
     Case(B=1, T=1500, HQ=8, H=2, K=64, dtype=bf16, window=300),
     Case(B=3, T=200, HQ=4, H=1, K=128, V=64, dtype=bf16, window=64),
+    Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16, gate=True),
+    Case(B=1, T=2048, HQ=8, H=8, K=128, dtype=f16, gate=True),
+    Case(B=1, T=1500, HQ=8, H=2, K=64, dtype=bf16, gate=True, window=300),
 ]
 CASES = GPU_CASES if DEVICE == "cuda" else CPU_CASES
 _SPLIT_PATHS = {1: "gqa", 2: "gqa-split2", 4: "gqa-split4"}  # the dK/dV path that forces each split
@@ -126,18 +132,81 @@ def test_chunks_are_bitwise_one_launch(split, chunk, heads, monkeypatch):
         assert torch.equal(chunked[name], seven[name]), name
 
 
+_GATED_CHUNKED = Case(B=2, T=70, HQ=8, H=2, K=64, dtype=bf16, gate=True) if DEVICE != "cuda" else \
+    Case(B=2, T=900, HQ=16, H=2, K=128, dtype=bf16, gate=True)
+
+
+@pytest.mark.parametrize("split,chunk", [(1, 4), (1, 1), (2, 1)] if DEVICE != "cuda" else [(1, 8), (1, 2), (4, 1)])
+def test_gated_chunks_are_bitwise_one_launch(split, chunk, monkeypatch):
+    """A gated call: the same dq, dk, dv and dg bitwise in chunks as in one chunk, and again (determinism); each
+    chunk's dQ launch stores the query side of dgc for its own heads only."""
+    case = _GATED_CHUNKED
+    x = make_inputs(case)
+    monkeypatch.setattr(host, "_PLANS", {})
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"), dkv_path(_SPLIT_PATHS[split]):
+        whole = run_parallel(case, x)
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * split * chunk * _band_bytes(case) / 2**20))
+        chunked = run_parallel(case, x)
+        again = run_parallel(case, x)
+    assert spy.chunks == [case.HQ // case.H // split, chunk, chunk], spy.chunks
+    for name in ("o", "dq", "dk", "dv", "dg"):
+        assert torch.equal(chunked[name], whole[name]), name
+        assert torch.equal(again[name], chunked[name]), name
+
+
+def _gated_call(case: Case):
+    x = make_inputs(case)
+    q, k, v, g = (t.detach() for t in (x.q, x.k, x.v, x.g))
+    return x, (q, k, v, g, None, None, case.K ** -0.5, 0)
+
+
+def test_forward_makes_o_lo_only_for_a_gated_five_product_backward():
+    """o's rounding residual costs the forward one product: made for a gated call whose backward takes five
+    products (and only when a backward may follow), and then o + o_lo is the fp32 o of the oracle to far below o's
+    own rounding."""
+    case = Case(B=1, T=70, HQ=2, H=1, K=64, dtype=bf16, gate=True)
+    x, args = _gated_call(case)
+    with dq_path("from-ds"):
+        o, _, _, o_lo, _ = host.forward(*args, for_backward=True)
+        assert host.forward(*args, for_backward=False)[3] is None
+        assert host.forward(*args[:3], None, *args[4:], for_backward=True)[3] is None  # ungated
+    with dq_path("recompute"):
+        assert host.forward(*args, for_backward=True)[3] is None
+    assert o_lo is not None and o_lo.dtype == o.dtype and o_lo.shape == o.shape
+    ref = run_reference(case, x)["o"].float()
+    err, err_lo = (o.float() - ref).abs().max(), (o.float() + o_lo.float() - ref).abs().max()
+    assert err_lo < err / 50, (err_lo, err)
+
+
+def test_gated_backward_without_o_lo():
+    """A gated backward whose forward made no o_lo (the torch.compile path's, `autograd.parallel_attn_fwd_op`):
+    "auto" takes seven products, a forced five-product backward raises rather than compute a coarser dg."""
+    case = Case(B=1, T=70, HQ=2, H=1, K=64, dtype=bf16, gate=True)
+    x, (q, k, v, g, *rest) = _gated_call(case)
+    o, lse, gc, o_lo, _ = host.forward(q, k, v, g, *rest)
+    assert o_lo is None
+    do = x.do.contiguous()
+    with dq_path("from-ds"):
+        with pytest.raises(ValueError, match="rounding residual from the forward"):
+            host.backward(do, q, k, v, o, lse, gc, g, None, None, rest[-2], rest[-1])
+    call = host.call_of(q, k, v, g, None, None, rest[-2], rest[-1])
+    assert from_ds.five_product_chunk(call.shape, True, "auto", True, exact_o=False) is None
+
+
 @pytest.mark.parametrize("W", [None, 8], ids=["causal", "W8"])
 @pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan)],
                          ids=["q_nan", "k_inf", "v_nan"])
 @pytest.mark.parametrize("containment", ["inline", "two-launch"])
-def test_nan_inf_propagation(which, value, W, containment, monkeypatch):
+@pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
+def test_nan_inf_propagation(which, value, W, containment, gate, monkeypatch):
     """As tests/ops/test_attn_nan.py: a non-finite input reaches exactly the outputs that depend on it; the stored
     dS tiles are the contained ones, and the dQ-from-dS kernel keeps a bad K row out of the rows that do not see
     it."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
     spy = ChunkSpy(monkeypatch)
     with dq_path("from-ds"):
-        out, clean, dep = _poisoned_run(which, value, W, gate=False)
+        out, clean, dep = _poisoned_run(which, value, W, gate=gate)
     assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
     _check_poisoned(out, clean, dep)
 
@@ -179,7 +248,7 @@ def _shape(**kw):
     (dict(H=2), (4, 4)),  # G16
     (dict(K=64, V=64), None),  # D = 64: slower
     (dict(W=512), None),  # windows: not measured faster
-    (dict(g_dtype=f32), None),
+    (dict(g_dtype=f32), None),  # gated: not measured faster (`config.FIVE_PRODUCT_GATED`), and needs o_lo
     (dict(sink_dtype=f32), None),
     (dict(dtype=f32), None),
     (dict(T=8192, W=8192, B=1), None),  # dS tiles over the default budget: seven products, no error
@@ -235,10 +304,25 @@ def test_auto_splits_imbalanced_calls(monkeypatch):
     assert spy.splits == [4] and spy.chunks == [case.HQ // case.H // 4], (spy.splits, spy.chunks)
 
 
-@pytest.mark.parametrize("what", ["gate", "sink", "packed", "fp32", "head_dim", "dkv_path", "budget", "split"])
+def test_auto_dispatch_of_gated_calls(monkeypatch):
+    """Gated calls take five products under "auto" only where `config.FIVE_PRODUCT_GATED` allows and the forward
+    made o_lo; then by the ungated rule."""
+    monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
+    monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
+    monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
+    gated = _shape(g_dtype=f32)
+    for allowed in (False, True):
+        monkeypatch.setattr(config, "FIVE_PRODUCT_GATED", allowed)
+        expected = from_ds.FiveProduct(1, 1) if allowed else None
+        assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=True) == expected
+        assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=False) is None
+        assert from_ds.needs_exact_o(gated, True, "auto", True) == allowed
+        assert not from_ds.needs_exact_o(_shape(), True, "auto", True)  # ungated: never
+
+
+@pytest.mark.parametrize("what", ["sink", "packed", "fp32", "head_dim", "dkv_path", "budget", "split"])
 def test_calls_it_cannot_run_raise(what, monkeypatch):
     case = {
-        "gate": Case(T=40, HQ=2, H=1, K=32, gate=True),
         "sink": Case(T=40, HQ=2, H=1, K=32, sink=0.0),
         "packed": Case(T=40, HQ=2, H=1, K=32, cu_seqlens=(0, 10, 40)),
         "fp32": Case(T=40, HQ=2, H=1, K=32, dtype=f32),

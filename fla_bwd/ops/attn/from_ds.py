@@ -18,7 +18,11 @@ Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk
 key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/dV kernel holds it). With a window
 only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT.
 
-Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no gate, no sink. "auto" takes it where it
+With a gate, delta comes from o plus the forward's rounding residual o_lo (`needs_exact_o`), dQ from dS also sums
+the query side of the gate's gradient and the dK/dV kernel its key side, as in seven products.
+
+Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no sink; gated calls only where the forward made
+o_lo (eager calls, `host.forward`'s for_backward). "auto" takes it where it
 measured faster (`five_product_chunk`): long full-causal MHA and GQA whose launches keep the GPU busy, split where
 one program per KV head would not (#42q); windows and D = 64 lost (PERF.md #42). The dS store goes through a
 device-side tensor descriptor (a bulk copy from shared memory): per-element pointer stores cost more (#42c). A
@@ -40,6 +44,7 @@ from fla_bwd.ops.attn import config, gluon_dkv
 from fla_bwd.ops.attn.config import tile_config
 from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows
 from fla_bwd.ops.attn.parallel import dkv_kernel_for
+from fla_bwd.ops.utils.cumsum import add_gate_grad
 from fla_bwd.ops.utils.group_sum import add_group_sum
 from fla_bwd.ops.utils.launch import Ref
 from fla_bwd.utils import cdiv, next_power_of_2
@@ -73,28 +78,34 @@ def ds_layout(T: int, W: int, BQ: int, BT: int) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@triton.heuristics({"EXACT_O": lambda args: args["o_lo"] is not None})
 @triton.jit(do_not_specialize=["R", "NTOK"])
-def delta_kernel(o, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
-    """delta `[HQ, NTOK]` (fp32) = rowsum(o * dO) over the R = NTOK * HQ rows of o, dO `[NTOK, HQ, V]`."""
+def delta_kernel(o, o_lo, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr, BR: tl.constexpr,
+                 BV: tl.constexpr, EXACT_O: tl.constexpr):
+    """delta `[HQ, NTOK]` (fp32) = rowsum(o * dO) over the R = NTOK * HQ rows of o, dO `[NTOK, HQ, V]`; EXACT_O:
+    of (o + o_lo) * dO, o_lo the forward's rounding residual of o (`parallel_attn_fwd_kernel`)."""
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)
     o_v = tl.arange(0, BV)
     m = (o_r < R)[:, None] & (o_v < V)[None, :]
     p = o_r.to(tl.int64)[:, None] * V + o_v[None, :]
     # [BR, BV]
     b_o = tl.load(o + p, mask=m, other=0).to(tl.float32)
+    if EXACT_O:
+        b_o += tl.load(o_lo + p, mask=m, other=0).to(tl.float32)
     b_do = tl.load(do + p, mask=m, other=0).to(tl.float32)
     o_tok, o_hq = o_r // HQ, o_r % HQ
     tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok, tl.sum(b_o * b_do, 1), mask=o_r < R)
 
 
 @triton.jit
-def _dq_ds_edge_block(b_dq, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exists, W, BT: tl.constexpr,
-                      BQ: tl.constexpr):
+def _dq_ds_edge_block(b_dq, b_rs, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exists, W, BT: tl.constexpr,
+                      BQ: tl.constexpr, USE_G: tl.constexpr):
     """dq += dS K for query block qi and key tile i_j, which qi may see in part (window edge, diagonal: masked) or
     not at all (outside [lo, hi], or no block qi: its dS loads as 0 and adds exactly 0). b_kf is b_k with its
     non-finite rows zeroed, for the masked and unseen tiles: there the stored dS is 0 where a row cannot see a key,
     and 0 * Inf = NaN would reach rows that do not depend on it (the rows that see a bad key already hold NaN in
-    dS, see `inner.finite_rows`); a tile qi sees whole multiplies b_k itself."""
+    dS, see `inner.finite_rows`); a tile qi sees whole multiplies b_k itself. USE_G: b_rs += the tile's row sums
+    of dS over the keys other than the query itself (`_row_sums`)."""
     o_r = tl.arange(0, BT)
     o_c = tl.arange(0, BQ)
     seen = exists & (i_j >= lo) & (i_j <= hi)
@@ -102,20 +113,32 @@ def _dq_ds_edge_block(b_dq, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exists, W,
     # [BT, BQ]
     b_dst = tl.load(ds_base + i_tile * (BT * BQ) + o_r[:, None] * BQ + o_c[None, :],
                     mask=o_r[:, None] < tl.where(seen, BT, 0), other=0)
+    if USE_G:
+        b_rs += _row_sums(tl.where((i_j * BT + o_r)[:, None] != (qi * BQ + o_c)[None, :], b_dst, 0))
     whole = (i_j >= mid) & (i_j < hi)
-    return b_dq + tl.dot(tl.trans(b_dst), tl.where(whole, b_k, b_kf))
+    return b_dq + tl.dot(tl.trans(b_dst), tl.where(whole, b_k, b_kf)), b_rs
 
 
 @triton.jit
-def _dq_ds_edge(b_dqa, b_dqb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T, W,
-                stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr):
+def _row_sums(b_dst):
+    """Per query, the sum of a [BT keys, BQ queries] dS^T tile's entries in fp32: the query side of the gate's
+    gradient (`inner.dkv_one_head`: dgc_i gets sum_{j<i} dS_ij), from the 16-bit tiles that dq reads."""
+    return tl.sum(b_dst.to(tl.float32), 0)
+
+
+@triton.jit
+def _dq_ds_edge(b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
+                b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+                USE_G: tl.constexpr):
     """Key tile i_j for query blocks qa and qa + 1 where at least one of them does not see it whole."""
     # [BT, BK]
     b_k = load_rows(k_base, i_j * BT + tl.arange(0, BT), T, stride_k, N=K, BN=BK, FULL=False)
     b_kf, _ = finite_rows(b_k)
-    b_dqa = _dq_ds_edge_block(b_dqa, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a, True, W, BT=BT, BQ=BQ)
-    b_dqb = _dq_ds_edge_block(b_dqb, ds_base, b_k, b_kf, qa + 1, i_j, lo_b, mid_b, hi_b, b_exists, W, BT=BT, BQ=BQ)
-    return b_dqa, b_dqb
+    b_dqa, b_rsa = _dq_ds_edge_block(b_dqa, b_rsa, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a, True, W, BT=BT,
+                                     BQ=BQ, USE_G=USE_G)
+    b_dqb, b_rsb = _dq_ds_edge_block(b_dqb, b_rsb, ds_base, b_k, b_kf, qa + 1, i_j, lo_b, mid_b, hi_b, b_exists, W,
+                                     BT=BT, BQ=BQ, USE_G=USE_G)
+    return b_dqa, b_dqb, b_rsa, b_rsb
 
 
 @triton.jit
@@ -127,18 +150,20 @@ def _key_ranges(t0, W, BT: tl.constexpr, BQ: tl.constexpr):
     return lo, tl.maximum(lo, tl.minimum(tl.cdiv(tl.maximum(t0 + BQ - W, 0), BT), hi)), hi
 
 
+@triton.heuristics({"USE_G": lambda args: args["dgc_q"] is not None})
 @triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dq_from_ds(
-    k, ds, dq, scale, T, W, NTILE, G0,
+    k, ds, dq, dgc_q, scale, T, W, NTILE, G0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
-    BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_BANDS: tl.constexpr,
+    BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_BANDS: tl.constexpr, USE_G: tl.constexpr,
 ):
     """dq of two consecutive query blocks a and b (BQ rows each) of one query head of the chunk [G0, G0 + CHUNK) of
     each of the SPLIT shares of every group (share p: heads p * G / SPLIT ...), from their stored dS tiles
     (NUM_BANDS = B * H * SPLIT * CHUNK bands of NTILE tiles, the dK/dV kernel's order). Each key tile is
     loaded once for both blocks (the K reads through L2 were the kernel's limit, PERF.md #42l); each block's sum
     runs over its tiles in key order, the same additions as one block a program. Key tiles go in three ranges: the
-    window edge (either block sees it in part), the tiles both see whole, the diagonals."""
+    window edge (either block sees it in part), the tiles both see whole, the diagonals. USE_G: also the query side
+    of the gate's gradient into dgc_q `[HQ, B * T]` (fp32, `_row_sums`)."""
     i_band = tl.program_id(0) % NUM_BANDS
     i_p = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
     i_b, i_part, i_c = i_band // (H * SPLIT * CHUNK), i_band // CHUNK % (H * SPLIT), i_band % CHUNK
@@ -156,10 +181,14 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     # [BQ, BK]
     b_dqa = tl.zeros([BQ, BK], dtype=tl.float32)
     b_dqb = tl.zeros([BQ, BK], dtype=tl.float32)
+    # [BQ]
+    b_rsa = tl.zeros([BQ], dtype=tl.float32)
+    b_rsb = tl.zeros([BQ], dtype=tl.float32)
     m = tl.minimum(tl.maximum(mid_a, mid_b), hi_a)  # [m, hi_a): the tiles both blocks see whole
     for i_j in range(lo_a, m):
-        b_dqa, b_dqb = _dq_ds_edge(b_dqa, b_dqb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
-                                   b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK)
+        b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edge(
+            b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T,
+            W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G)
     i_ta = ds_tile_index(qa, 0, W, BQ=BQ, BT=BT)
     i_tb = tl.where(b_exists, ds_tile_index(qa + 1, 0, W, BQ=BQ, BT=BT), i_ta)  # no block b: read a's, store none
     # int32 offsets within a tile from int64 scalar bases: 64-bit offset tensors cost the loop its registers.
@@ -174,14 +203,23 @@ def parallel_attn_bwd_kernel_dq_from_ds(
         b_dstb = tl.load(ds_base + (i_tb + i_j) * (BT * BQ) + o_ds)
         b_dqa += tl.dot(tl.trans(b_dsta), b_k)
         b_dqb += tl.dot(tl.trans(b_dstb), b_k)
+        if USE_G:
+            b_rsa += _row_sums(b_dsta)
+            b_rsb += _row_sums(b_dstb)
     for i_j in range(hi_a, tl.where(b_exists, hi_b, hi_a) + 1):
-        b_dqa, b_dqb = _dq_ds_edge(b_dqa, b_dqb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
-                                   b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK)
+        b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edge(
+            b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T,
+            W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G)
     o_k = tl.arange(0, BK)
     p_dq = dq + (bos * HQ + i_hq) * K + o_k[None, :]
     o_t = ta + tl.arange(0, BQ)
     tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqa * scale).to(dq.dtype.element_ty),
              mask=(o_t < T)[:, None] & (o_k < K)[None, :])
+    if USE_G:
+        NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
+        p_dgc = dgc_q + i_hq.to(tl.int64) * NTOK + bos + o_t
+        tl.store(p_dgc, b_rsa, mask=o_t < T)
+        tl.store(p_dgc + BQ, b_rsb, mask=o_t + BQ < T)
     o_t += BQ
     tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqb * scale).to(dq.dtype.element_ty),
              mask=(o_t < T)[:, None] & (o_k < K)[None, :])
@@ -192,9 +230,25 @@ def parallel_attn_bwd_kernel_dq_from_ds(
 # ----------------------------------------------------------------------------------------------------------------
 
 def eligible(s) -> bool:
-    """Whether the five-product backward can run a call of `host.Shape` s (dense is the caller's to check)."""
-    return (s.dtype in (torch.float16, torch.bfloat16) and max(s.K, s.V) <= 128 and s.g_dtype is None
-            and s.sink_dtype is None and s.Q0 == 0)
+    """Whether the five-product backward can run a call of `host.Shape` s (dense is the caller's to check; a gated
+    call also needs the forward's o_lo, `needs_exact_o`)."""
+    return (s.dtype in (torch.float16, torch.bfloat16) and max(s.K, s.V) <= 128 and s.sink_dtype is None
+            and s.Q0 == 0)
+
+
+def needs_exact_o(s, dense: bool, forced_dkv: str, aligned: bool) -> bool:
+    """Whether the forward of a call of Shape s must make o's rounding residual o_lo (`host.add_fwd`): a gated call
+    whose backward, with the settings of now, takes five products. Its delta must then be rowsum(P * dP) to fp32
+    precision, as the seven-product dQ kernel's refined delta is: the gate's gradient is a reverse cumsum of dS
+    sums, which turns delta's rounding into a random walk (dg error 2.9e-2 against 2e-6, PERF.md #4), and
+    rowsum((o + o_lo) * dO) is that sum (P @ V then dO) at the cost of one product in the forward where the
+    seven-product dQ kernel spends two."""
+    if s.g_dtype is None:
+        return False
+    try:
+        return five_product_chunk(s, dense, forced_dkv, aligned, exact_o=True) is not None
+    except ValueError:
+        return False  # the backward raises it
 
 
 class FiveProduct(NamedTuple):
@@ -248,10 +302,12 @@ def _busy_splits(s):
 
 def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
     """How "auto" runs this (eligible, dense) call with five products, or None for seven: where they measured
-    faster (`config`): full causal, head dims 65-128, long enough, and the first of `_busy_splits` whose dS tiles fit
-    the budget."""
+    faster (`config`): full causal, head dims 65-128, long enough, gated calls only where `config.FIVE_PRODUCT_GATED`
+    allows, and the first of `_busy_splits` whose dS tiles fit the budget."""
     D = max(s.K, s.V)
     if not (64 < D <= 128 and s.W >= s.T and s.T >= config.FIVE_PRODUCT_MIN_T):
+        return None
+    if s.g_dtype is not None and not config.FIVE_PRODUCT_GATED:
         return None
     budget = settings.ds_budget_bytes()
     G = s.HQ // s.H
@@ -266,10 +322,12 @@ def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
     return None
 
 
-def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool) -> Optional[FiveProduct]:
+def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
+                       exact_o: bool = False) -> Optional[FiveProduct]:
     """The split, chunk and dK/dV kernel of a backward of Shape s, or None for the seven-product backward (settings
     read now; `forced_dkv` is the caller's `settings.forced_dkv_path()`; `aligned`: q, k, v and dO start 16-byte
-    aligned, which the Hopper kernel's TMA needs).
+    aligned, which the Hopper kernel's TMA needs; `exact_o`: the forward made o_lo, which a gated call needs,
+    `needs_exact_o`).
 
     "auto": five products only where they measured faster (`_auto_five`: long dense calls that a split keeps
     balanced), no other dK/dV kernel forced and the dS tiles within the budget; else seven. Asked for
@@ -285,8 +343,9 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool) -> Option
         return None
     G, D = s.HQ // s.H, max(s.K, s.V)
     runnable = dense and eligible(s)
+    gated_without_o_lo = s.g_dtype is not None and not exact_o
     if forced == "auto":
-        return _auto_five(s, aligned) if runnable and forced_dkv == "auto" else None
+        return _auto_five(s, aligned) if runnable and forced_dkv == "auto" and not gated_without_o_lo else None
     if forced_dkv == "auto":
         split = next(_busy_splits(s), 1)  # auto's split where one keeps the GPU busy, else 1
     else:
@@ -298,7 +357,11 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool) -> Option
         split = kernel.split
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
-                         "16-bit q, k, v, head dims up to 128, no gate and no sink")
+                         "16-bit q, k, v, head dims up to 128 and no sink")
+    if gated_without_o_lo:
+        raise ValueError("dq path 'from-ds' with a gate needs o's rounding residual from the forward, which it makes "
+                         "only in eager calls (not under torch.compile) where FLA_BWD_DQ_PATH was already 'from-ds' "
+                         "at the forward")
     hopper = _hopper(s, aligned)
     if hopper and forced_dkv == "auto":
         split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
@@ -327,9 +390,14 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     R = NTOK * s.HQ
     BV = next_power_of_2(s.V)
     BR = max(1, 4096 // BV)
+    gated = s.g_dtype is not None
     if R:
-        plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), do=Ref("do"), delta=delta, R=R, NTOK=NTOK,
-                    HQ=s.HQ, V=s.V, BR=BR, BV=BV)
+        plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if gated else None, do=Ref("do"),
+                    delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
+    # The gate's gradient: dQ from dS stores its query side, the dK/dV kernel minus its key side (as seven products).
+    dgc_q = plan.empty("dgc_q", (s.HQ, NTOK), torch.float32) if gated else None
+    if gated:
+        plan.empty("dgc_k", (s.HQ, NTOK), torch.float32)
     ntile = ds_layout(s.T, s.W, BQ, BT)
     NP = s.H * split  # programs a key tile
     bands = s.B * NP * chunk
@@ -353,8 +421,10 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
         done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
         if done % chunk == 0 and s.T:  # a whole chunk: its dq rows
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
-                        dq=dq, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=done - chunk, HQ=s.HQ, H=s.H, G=G,
+                        dq=dq, dgc_q=dgc_q, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=done - chunk, HQ=s.HQ, H=s.H, G=G,
                         SPLIT=split, CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)),
                         NUM_BANDS=bands, **config.DQ_FROM_DS_LAUNCH)
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
+    if gated:
+        add_gate_grad(plan, dgc_q, Ref("dgc_k"), None, s.B, s.B, s.T, s.HQ, s.g_dtype)

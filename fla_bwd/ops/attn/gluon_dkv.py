@@ -295,6 +295,8 @@ def why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
         return f"it needs head dims K = V = {D}"
     if s.W < s.T:
         return "it runs full causal attention only (no window)"
+    if s.g_dtype is not None:
+        return "it has no gate"
     if s.T % BT:
         return f"it needs T to be a multiple of {BT}"
     if s.HQ * s.B * s.T >= 2**31:
