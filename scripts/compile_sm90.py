@@ -61,9 +61,11 @@ def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: int = 2, chunk: int = 2, **knobs):
+def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: int = 2, chunk: int = 2,
+                        gated: bool = False, **knobs):
     """The Gluon dK/dV kernel (`gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper`) for sm_90 at H = 4, G = 8, with
-    the pointer types its launches pass (ACC_IN, ACC_OUT: fp32 sums read, written) and its constexpr `knobs`."""
+    the pointer types its launches pass (ACC_IN, ACC_OUT: fp32 sums read, written; `gated`: the gate's inputs) and
+    its constexpr `knobs`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import fla_bwd.ops.attn.gluon_dkv as GD
@@ -78,10 +80,15 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
                NTILE="i32", G0="i32", qk_scale="fp32", dk_scale="fp32", ACC_IN="i32")
     sig.update(v_desc=sig["k_desc"], do_desc=sig["q_desc"], delta_desc=sig["lse_desc"], dv_in=sig["dk_in"])
     values = dict(H=4, G=8, SPLIT=split, CHUNK=chunk, **knobs)
+    if gated:
+        sig.update(gc_desc=sig["lse_desc"], gc="*fp32", dgc_k="*fp32")
+    else:
+        values.update(gc_desc=None, gc=None, dgc_k=None)
     names = fn.arg_names
     signature = {n: sig.get(n, "constexpr") for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("dk", "dv", "dk_in", "dv_in", "nonfinite", "sched")}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]]
+             for n in ("dk", "dv", "dk_in", "dv_in", "nonfinite", "sched") + (("gc", "dgc_k") if gated else ())}
     return triton.compile(GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=GD.NUM_WARPS))
 
@@ -227,12 +234,14 @@ def main():
     if args.hopper:
         over = []
         for acc_in, acc_out in ((False, False), (True, True), (True, False)):
-            c = compile_hopper_sm90(getattr(torch, args.dtype), acc_in, acc_out)
-            print(f"hopper dkv ACC_IN={acc_in} ACC_OUT={acc_out} {args.dtype}: {resource_report(c)}", flush=True)
-            if args.loops:
-                print("\n".join(loop_report(c)), flush=True)
-            if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
-                over.append(f"ACC_IN={acc_in} ACC_OUT={acc_out}: {c.metadata.shared} B")
+            for gated in (False, True):
+                c = compile_hopper_sm90(getattr(torch, args.dtype), acc_in, acc_out, gated=gated)
+                print(f"hopper dkv ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated} {args.dtype}: "
+                      f"{resource_report(c)}", flush=True)
+                if args.loops:
+                    print("\n".join(loop_report(c)), flush=True)
+                if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
+                    over.append(f"ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated}: {c.metadata.shared} B")
         if args.check_smem and over:
             raise SystemExit("over the shared-memory limit: " + "; ".join(over))
         return

@@ -2,7 +2,9 @@
 """A/B of the seven- and five-product backwards (issue 18) on the GPU: backward alone (CUDA events, L2 flushed,
 interleaved rounds, medians), per-kernel times, oracle error and bitwise checks, and peak memory.
 
-    python -m benchmarks.tools.five_ab --rows g8-T8192,gqa4-long --json out.json
+    python -m benchmarks.tools.five_ab --rows g8-T8192,gqa4-long --json out.json [--fwdbwd]
+
+Gated rows (g8-T8192-gated, ...) pass the gate too and report dg's oracle error.
 
 Candidates: "seven" (FLA_BWD_DQ_PATH=recompute), "five" (from-ds at the default dS budget), "five-1chunk"
 (from-ds with a budget large enough for one chunk) and "five@N" (from-ds at a budget of N MiB: smaller chunks), each
@@ -98,31 +100,45 @@ class _Env:
         self.ctx.__exit__(*exc)
 
 
-def _inputs(B, T, HQ, H, D, dtype, seed):
-    q, k, v, _ = make_inputs(B, T, HQ, H, D, False, dtype, seed)
-    return q, k, v, torch.randn_like(q)
+def _inputs(B, T, HQ, H, D, dtype, seed, gated=False):
+    """q, k, v, dO and the gate (None unless `gated`), all but dO requiring grad."""
+    q, k, v, g = make_inputs(B, T, HQ, H, D, gated, dtype, seed)
+    return q, k, v, torch.randn_like(q), g
 
 
-def run_row(name, cands, rounds, iters, timer):
+def _median_us(samples):
+    return round(statistics.median([statistics.median(r) for r in samples]), 1)
+
+
+def run_row(name, cands, rounds, iters, timer, fwdbwd=False):
     s = SHAPES[name]
     B, T, HQ, H, D, W = s.B, s.T, s.HQ, s.H, s.K, s.W
     dtype = torch.float16 if s.dtype == "fp16" else torch.bfloat16
-    q, k, v, do = _inputs(B, T, HQ, H, D, dtype, 0)
+    q, k, v, do, g = _inputs(B, T, HQ, H, D, dtype, 0, s.gated)
+    ins = tuple(x for x in (q, k, v, g) if x is not None)
     out = {"row": name}
-    fns = {}
+    fns, steps = {}, {}
     for c in cands:
         with _Env(c):
-            o = parallel_attn(q, k, v, window_size=W)
+            o = parallel_attn(q, k, v, g=g, window_size=W)
 
         def bwd(c=c, o=o):
             with _Env(c):
-                return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+                return torch.autograd.grad(o, ins, do, retain_graph=True)
+
+        def step(c=c):  # forward + backward (a gated five-product forward also makes o_lo)
+            with _Env(c):
+                return torch.autograd.grad(parallel_attn(q, k, v, g=g, window_size=W), ins, do)
         for _ in range(3):
             bwd()
-        fns[c] = bwd
+            step()
+        fns[c], steps[c] = bwd, step
     torch.cuda.synchronize()
     samples = interleaved(timer, fns, rounds, iters)
-    out["bwd_us"] = {c: round(statistics.median([statistics.median(r) for r in samples[c]]), 1) for c in cands}
+    out["bwd_us"] = {c: _median_us(samples[c]) for c in cands}
+    if fwdbwd:
+        samples = interleaved(timer, steps, rounds, iters)
+        out["fwdbwd_us"] = {c: _median_us(samples[c]) for c in cands}
     out["kernels"] = {c: kernel_times(fns[c]) for c in cands}
     # Bitwise: a second call equal to the first (determinism), and the chunked and one-chunk five-product equal.
     grads = {c: fns[c]() for c in cands}
@@ -130,32 +146,33 @@ def run_row(name, cands, rounds, iters, timer):
     fives = [c for c in cands if candidate(c)[0] == "from-ds"]
     if len(fives) > 1:  # every chunking and knob bitwise the first
         out["chunks_equal"] = {c: all(torch.equal(a, b) for a, b in zip(grads[fives[0]], grads[c])) for c in fives[1:]}
-    if "five" in grads and "seven" in grads:
-        out["dk_dv_equal_seven"] = all(torch.equal(a, b) for a, b in zip(grads["five"][1:], grads["seven"][1:]))
+    if "five" in grads and "seven" in grads and not s.gated:  # gated: the two deltas differ (`from_ds`)
+        out["dk_dv_equal_seven"] = all(torch.equal(a, b) for a, b in zip(grads["five"][1:3], grads["seven"][1:3]))
     # Oracle error on the first 1024 tokens.
     Tc = min(T, 1024)
-    q, k, v, do = _inputs(B, Tc, HQ, H, D, dtype, 1)
-    ref = naive_parallel_attn(q, k, v, window_size=W)
-    rgrads = torch.autograd.grad(ref, (q, k, v), do.float())
+    q, k, v, do, g = _inputs(B, Tc, HQ, H, D, dtype, 1, s.gated)
+    ins = tuple(x for x in (q, k, v, g) if x is not None)
+    ref = naive_parallel_attn(q, k, v, g=g, window_size=W)
+    rgrads = torch.autograd.grad(ref, ins, do.float())
     out["oracle"] = {}
     for c in cands:
         with _Env(c):
-            o = parallel_attn(q, k, v, window_size=W)
-            g = torch.autograd.grad(o, (q, k, v), do)
-        out["oracle"][c] = {n: f"{ratio(r, x):.2e}" for n, r, x in zip(("dq", "dk", "dv"), rgrads, g)}
+            o = parallel_attn(q, k, v, g=g, window_size=W)
+            grads = torch.autograd.grad(o, ins, do)
+        out["oracle"][c] = {n: f"{ratio(r, x):.2e}" for n, r, x in zip(("dq", "dk", "dv", "dg"), rgrads, grads)}
     return out
 
 
 def peak_memory(name, cand):
     """Peak allocated over the inputs during a forward + backward (MiB)."""
     s = SHAPES[name]
-    q, k, v, do = _inputs(s.B, s.T, s.HQ, s.H, s.K, torch.bfloat16, 2)
+    q, k, v, do, g = _inputs(s.B, s.T, s.HQ, s.H, s.K, torch.bfloat16, 2, s.gated)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     with _Env(cand) if cand else contextlib.nullcontext():
-        o = parallel_attn(q, k, v, window_size=s.W)
-        torch.autograd.grad(o, (q, k, v), do)
+        o = parallel_attn(q, k, v, g=g, window_size=s.W)
+        torch.autograd.grad(o, tuple(x for x in (q, k, v, g) if x is not None), do)
     torch.cuda.synchronize()
     return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
 
@@ -167,13 +184,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--memory", default="", help="rows whose default-settings peak memory to report")
+    ap.add_argument("--fwdbwd", action="store_true", help="also time forward + backward")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     timer = Timer(torch.device("cuda"))
     cands = args.cands.split(",")
     res = {"exp": {k: v for k, v in os.environ.items() if k.startswith("FLA_BWD_EXP")}, "rows": []}
     for name in filter(None, args.rows.split(",")):
-        r = run_row(name, cands, args.rounds, args.iters, timer)
+        r = run_row(name, cands, args.rounds, args.iters, timer, args.fwdbwd)
         print(json.dumps(r), flush=True)
         res["rows"].append(r)
     res["memory_MiB"] = {name: {"auto": peak_memory(name, None), "seven": peak_memory(name, "seven")}

@@ -124,8 +124,9 @@ def test_forced_hopper_raises_where_it_cannot_run(monkeypatch):
             pass
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize("acc_in", [False, True])
-def test_plan_step_passes_every_kernel_parameter(acc_in):
+def test_plan_step_passes_every_kernel_parameter(acc_in, gated):
     """The plan step launches through `launch.Launch`, whose direct path after the first launch passes its arguments
     in the kernel's parameter order: every parameter must be among them (one left out would be passed as None)."""
     from fla_bwd.ops.utils.launch import Launch, Ref, _jit_function
@@ -133,13 +134,19 @@ def test_plan_step_passes_every_kernel_parameter(acc_in):
     s = _shape(B=1, T=512, W=512, HQ=8, H=2, device=torch.device("cpu"))
     args = {name: Ref(name) for name in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv")}
     args.update(dk_in=Ref("dk_in") if acc_in else None, dv_in=Ref("dv_in") if acc_in else None,
-                nonfinite=Ref("flags"), acc_out=acc_in)
+                nonfinite=Ref("flags"), acc_out=acc_in, gc=Ref("gc") if gated else None,
+                dgc_k=Ref("dgc_k") if gated else None)
     step = gluon_dkv.HopperDkvLaunch(s, 2, 4, 0, 8, args)
     assert isinstance(step.launch, Launch)
     params = _jit_function(gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper).arg_names
     assert set(step.launch.args) == set(params) | {"num_warps"}
     assert step.launch.args["ACC_IN"] == int(acc_in)
     assert step.launch.args["dk_in"] == (Ref("dk_in") if acc_in else Ref("dk"))
+    gate_args = ("gc_desc", "gc", "dgc_k")
+    if gated:
+        assert [step.launch.args[n] for n in gate_args] == [Ref(gluon_dkv._DESC + "gc"), Ref("gc"), Ref("dgc_k")]
+    else:
+        assert [step.launch.args[n] for n in gate_args] == [None] * 3
 
 
 def test_plan_step_describes_the_inputs():
@@ -149,17 +156,18 @@ def test_plan_step_describes_the_inputs():
 
     B, T, HQ, H, D = 1, 256, 4, 2, 128
     s = _shape(B=B, T=T, W=T, HQ=HQ, H=H, device=torch.device("cpu"))
-    args = dict({n: Ref(n) for n in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv")}, dk_in=None, dv_in=None,
-                nonfinite=Ref("flags"), acc_out=False)
+    args = dict({n: Ref(n) for n in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv", "gc", "dgc_k")},
+                dk_in=None, dv_in=None, nonfinite=Ref("flags"), acc_out=False)
     step = gluon_dkv.HopperDkvLaunch(s, 1, 2, 0, 8, args)
     env = dict(q=torch.zeros(B, T, HQ, D, dtype=bf16), do=torch.zeros(B, T, HQ, D, dtype=bf16),
                k=torch.zeros(B, T, H, D, dtype=bf16), v=torch.zeros(B, T, H, D, dtype=bf16),
-               lse=torch.zeros(HQ, B * T), delta=torch.zeros(HQ, B * T), ds=torch.zeros(8 * 64 * 64, dtype=bf16))
+               lse=torch.zeros(HQ, B * T), delta=torch.zeros(HQ, B * T), ds=torch.zeros(8 * 64 * 64, dtype=bf16),
+               gc=torch.zeros(HQ, B * T))
     step._descriptors(env)
     expected = {"q": ([B * T, HQ * D], [64, D], gluon_dkv.Q_SMEM), "do": ([B * T, HQ * D], [64, D], gluon_dkv.Q_SMEM),
                 "k": ([B * T, H * D], [64, D], gluon_dkv.KV_SMEM), "v": ([B * T, H * D], [64, D], gluon_dkv.KV_SMEM),
                 "lse": ([HQ * B * T], [64], gluon_dkv.ROW_SMEM), "delta": ([HQ * B * T], [64], gluon_dkv.ROW_SMEM),
-                "ds": ([8 * 64, 64], [64, 64], gluon_dkv.DS_TILE)}
+                "ds": ([8 * 64, 64], [64, 64], gluon_dkv.DS_TILE), "gc": ([HQ * B * T], [64], gluon_dkv.ROW_SMEM)}
     for name, (shape, block, layout) in expected.items():
         d = env[gluon_dkv._DESC + name]
         assert d.base.data_ptr() == env[name].data_ptr(), name
@@ -178,7 +186,10 @@ def test_plan_step_describes_the_inputs():
 
 GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16),
              Case(B=1, T=512, HQ=8, H=1, K=128, dtype=bf16), Case(B=3, T=128, HQ=4, H=4, K=128, dtype=bf16,
-                                                                  scale=0.3)]
+                                                                  scale=0.3),
+             Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16, gate=True),
+             Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16, gate=True, g_dtype=bf16),
+             Case(B=1, T=1024, HQ=8, H=1, K=128, dtype=bf16, gate=True)]
 
 
 @needs_hopper
@@ -193,11 +204,12 @@ def test_matches_oracle(case, split, monkeypatch):
 
 
 @needs_hopper
+@pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize("split,chunk", [(1, 8), (1, 2), (1, 1), (2, 2), (4, 1)])
-def test_chunks_are_bitwise_one_launch(split, chunk, monkeypatch):
-    """A budget of `chunk` heads of every share: the same dq, dk, dv bitwise as one chunk (the same additions in the
-    same order: fp32 sums carried from launch to launch) and as a second call."""
-    case = Case(B=2, T=512, HQ=16, H=2, K=128, dtype=bf16)
+def test_chunks_are_bitwise_one_launch(split, chunk, gate, monkeypatch):
+    """A budget of `chunk` heads of every share: the same dq, dk, dv (and dg) bitwise as one chunk (the same
+    additions in the same order: fp32 sums carried from launch to launch) and as a second call."""
+    case = Case(B=2, T=512, HQ=16, H=2, K=128, dtype=bf16, gate=gate)
     x = make_inputs(case)
     spy = HopperSpy(monkeypatch)
     with dq_path("from-ds"), ds_kernel("hopper"), dkv_path(_SPLIT_PATHS[split]):
@@ -206,15 +218,31 @@ def test_chunks_are_bitwise_one_launch(split, chunk, monkeypatch):
         chunked = run_parallel(case, x)
         again = run_parallel(case, x)
     assert spy.chunks == [8 // split, chunk, chunk] and spy.hopper == [True] * 3, (spy.chunks, spy.hopper)
-    for name in ("dq", "dk", "dv"):
+    for name in ("dq", "dk", "dv") + (("dg",) if gate else ()):
         assert torch.equal(chunked[name], whole[name]), name
         assert torch.equal(again[name], chunked[name]), name
 
 
 @needs_hopper
+def test_gated_hopper_matches_triton_kernel(monkeypatch):
+    """The gated Hopper kernel against the gated Triton kernel at the same split: dq, dk, dv, dg within the 16-bit
+    rounding of dS (their scores add the gate in the same order, but the products' fp32 sums may differ in order)."""
+    case = Case(B=1, T=1024, HQ=8, H=2, K=128, dtype=bf16, gate=True)
+    x = make_inputs(case)
+    out = {}
+    for kernel in ("hopper", "triton"):
+        with dq_path("from-ds"), ds_kernel(kernel), dkv_path("gqa"):
+            out[kernel] = run_parallel(case, x)
+    for name in ("dq", "dk", "dv", "dg"):
+        a, b = out["hopper"][name].double(), out["triton"][name].double()
+        assert ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item() < 2e-3, name
+
+
+@needs_hopper
+@pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan), ("q", math.inf)],
                          ids=["q_nan", "k_inf", "v_nan", "q_inf"])
-def test_nan_inf_propagation(which, value, monkeypatch):
+def test_nan_inf_propagation(which, value, gate, monkeypatch):
     """tests/ops/test_attn_nan.py's check at a size this kernel runs: the flags it writes send exactly the tiles
     with a non-finite dK/dV to the Triton FIXUP launch, and a non-finite input reaches only what depends on it."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
@@ -222,7 +250,7 @@ def test_nan_inf_propagation(which, value, monkeypatch):
         monkeypatch.setattr(test_attn_nan, name, value_)
     spy = HopperSpy(monkeypatch)
     with dq_path("from-ds"), ds_kernel("hopper"):
-        out, clean, dep = test_attn_nan._poisoned_run(which, value, None, gate=False)
+        out, clean, dep = test_attn_nan._poisoned_run(which, value, None, gate=gate)
     assert spy.hopper == [True, True], spy.hopper
     test_attn_nan._check_poisoned(out, clean, dep)
 

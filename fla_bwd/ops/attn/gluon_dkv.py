@@ -14,8 +14,8 @@ the result is deterministic).
 It is the FLAG launch of the two-launch containment (`host.add_contained`): every 64-key tile's flag says whether
 its dK/dV is not finite, and the Triton kernel's FIXUP launch recomputes those tiles with containment.
 
-Scope (`why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, full causal, T a multiple of 128, dense, one launch
-per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on (`from_ds._hopper`). Gluon has no CPU interpreter:
+Scope (`why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, full causal, T a multiple of 128, dense, gated or not,
+one launch per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on (`from_ds._hopper`). Gluon has no CPU interpreter:
 the tests compile it for sm_90 on the CPU and run it on the GPU.
 """
 
@@ -81,12 +81,13 @@ def _item(sched, t, L, B, H, SPLIT):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
-              L, B, T, NTILE, G0, qk_scale, dk_scale,
-              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
-              H, G, SPLIT, CHUNK, ACC_IN):
-    """Copies each item's K/V (a [64, D] box a consumer warpgroup), then q, dO, lse, delta of every (head of the
-    chunk, query block from the diagonal) into the next free stage."""
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in,
+              dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
+              kv_empty, H, G, SPLIT, CHUNK, ACC_IN):
+    """Copies each item's K/V (a [64, D] box a consumer warpgroup), then q, dO, lse, delta (and, gated, the
+    queries' gate cumsum) of every (head of the chunk, query block from the diagonal) into the next free stage."""
+    USE_G: gl.constexpr = gc is not None  # None survives a partition's argument tuple, a constexpr flag does not
     i = 0
     for t in range(gl.load(sched + gl.program_id(0) * (1 + L))):
         m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
@@ -102,23 +103,28 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
             for qi in range(2 * m, T // BQ_C):
                 s = i % STAGES_C
                 mbarrier.wait(empty.index(s), (i // STAGES_C) & 1)
-                mbarrier.expect(ready.index(s), STAGE_BYTES)
+                mbarrier.expect(ready.index(s), STAGE_BYTES + (BQ_C * 4 if USE_G else 0))
                 _tma_load(lse_desc, [row + qi * BQ_C], ready.index(s), lse_smem.index(s))
                 _tma_load(delta_desc, [row + qi * BQ_C], ready.index(s), delta_smem.index(s))
+                if USE_G:
+                    _tma_load(gc_desc, [row + qi * BQ_C], ready.index(s), gq_smem.index(s))
                 _tma_load(q_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), q_smem.index(s))
                 _tma_load(do_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), do_smem.index(s))
                 i += 1
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
-              L, B, T, NTILE, G0, qk_scale, dk_scale,
-              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
-              H, G, SPLIT, CHUNK, ACC_IN, i_wg):
+def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in,
+              dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
+              kv_empty, H, G, SPLIT, CHUNK, ACC_IN, i_wg):
     """Consumer warpgroup i_wg: keys [64 i_wg, 64 i_wg + 64) of every item, the four products of each of its
     blocks, its dS^T stores and its item's dK/dV and flags. Its own partition, shared-memory tiles and barrier
     arrivals: the two warpgroups never wait for each other (as one 8-warp partition they met at four barriers an
-    iteration, PERF.md #45)."""
+    iteration, PERF.md #45). Gated: scores get gc_query - gc_key, and per head the keys' side of the gate's
+    gradient (minus the row sums of the stored 16-bit dS^T, the diagonal left out, `inner.dkv_one_head`) goes to
+    dgc_k `[HQ, B * T]`."""
+    USE_G: gl.constexpr = gc is not None
     dtype: gl.constexpr = q_desc.dtype
     o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S))
     o_key = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_S))
@@ -145,6 +151,10 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
         for c in range(CHUNK):
             band = ((i_b * H + i_h) * SPLIT + i_p) * CHUNK + c  # `from_ds.add_five_product_backward`'s band order
             row = band * NTILE * BQ_C
+            if USE_G:
+                g_row = (i_h * G + i_p * (G // SPLIT) + G0 + c).to(gl.int64) * (B * T) + i_b * T + key0
+                b_gk = gl.load(gc + g_row + o_key)
+                acc_dgk = gl.zeros([BH_C], gl.float32, gl.SliceLayout(1, MMA_S))
             for qi in range(2 * m, T // BQ_C):
                 s = i % STAGES_C
                 mbarrier.wait(ready.index(s), (i // STAGES_C) & 1)
@@ -156,7 +166,12 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
                 b_st = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))
                 # lse and delta read where they are used: held across the iteration they spilled
                 b_lse = lse_smem.index(s).load(gl.SliceLayout(0, MMA_S))
-                b_pt = gl.exp2(b_st * qk_scale - b_lse[None, :])
+                if USE_G:
+                    b_gq = gq_smem.index(s).load(gl.SliceLayout(0, MMA_S))
+                    b_st = b_st * qk_scale + (b_gq[None, :] - b_gk[:, None])  # the Triton kernel's order
+                    b_pt = gl.exp2(b_st - b_lse[None, :])
+                else:
+                    b_pt = gl.exp2(b_st * qk_scale - b_lse[None, :])
                 if qi < 2 * m + 2:  # the diagonal blocks: key <= query
                     b_pt = gl.where((key0 + o_key)[:, None] <= (qi * BQ_C + o_q)[None, :], b_pt, 0.0)
                 acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A), b_do, acc_dv, is_async=True)
@@ -171,9 +186,16 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
                     _tma_store(ds_desc, [row + (qi * (qi + 1) // 2 + 2 * m + i_wg) * BQ_C, 0], buf)
                     n_st += 1
                 acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
+                if USE_G:
+                    b_dsf = b_ds.to(gl.float32)
+                    if qi < 2 * m + 2:
+                        b_dsf = gl.where((key0 + o_key)[:, None] != (qi * BQ_C + o_q)[None, :], b_dsf, 0.0)
+                    acc_dgk += gl.sum(b_dsf, axis=1)
                 acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
+            if USE_G:
+                gl.store(dgc_k + g_row + o_key, -acc_dgk)
         mbarrier.arrive(kv_empty.index(0), count=1)
         # The FLAG launch's flag of this 64-key tile (the Triton kernel's program index): dK or dV not finite.
         bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
@@ -185,14 +207,16 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk
 
 @gluon.jit(do_not_specialize=["L", "B", "T", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dkv_ds_hopper(
-    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched, L, B, T,
-    NTILE, G0, qk_scale, dk_scale, ACC_IN, H: gl.constexpr, G: gl.constexpr, SPLIT: gl.constexpr,
-    CHUNK: gl.constexpr,
+    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in, dv_in,
+    nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, ACC_IN, H: gl.constexpr, G: gl.constexpr,
+    SPLIT: gl.constexpr, CHUNK: gl.constexpr,
 ):
     """dK/dV of heads [G0, G0 + CHUNK) of each share of G / SPLIT query heads, their dS^T tiles (`from_ds.py`'s
     layout, bands of NTILE tiles) and the FLAG launch's flags; dk, dv `[B, T, H * SPLIT, D]`, dk times dk_scale
     (the softmax scale, or 1 for the unscaled fp32 sums a next chunk continues), started from dk_in, dv_in where
-    ACC_IN (a runtime 0/1: else they are not read), as the Triton kernel's ACC_IN / ACC_OUT."""
+    ACC_IN (a runtime 0/1: else they are not read), as the Triton kernel's ACC_IN / ACC_OUT. Gated: gc
+    `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view) and the key side of dgc into dgc_k (`_consumer`); ungated:
+    the three are None."""
     gl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BQ_C, D_C], Q_SMEM)
@@ -201,6 +225,9 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     v_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], KV_SMEM)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
+    gq_smem = lse_smem  # not read without a gate
+    if gc is not None:
+        gq_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
     ds_smem = gl.allocate_shared_memory(dtype, [4, BH_C, BQ_C], DS_TILE)  # two buffers a consumer warpgroup
     ready = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
@@ -214,18 +241,18 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     mbarrier.init(kv_empty.index(0), count=2)
     mbarrier.arrive(kv_empty.index(0), count=2)
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
-    wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
-           L, B, T, NTILE, G0, qk_scale, dk_scale,
-           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+    wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in, dv_in,
+           nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 0)
-    wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite, sched,
-           L, B, T, NTILE, G0, qk_scale, dk_scale,
-           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+    wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in, dv_in,
+           nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 1)
-    producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, dk, dv, dk_in, dv_in, nonfinite,
-                sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
-                q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, ready, empty, kv_ready, kv_empty,
-                H, G, SPLIT, CHUNK, ACC_IN)
+    producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in,
+                dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+                q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
+                kv_empty, H, G, SPLIT, CHUNK, ACC_IN)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
                        [CONSUMER_REGS, CONSUMER_REGS])
 
@@ -295,8 +322,6 @@ def why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
         return f"it needs head dims K = V = {D}"
     if s.W < s.T:
         return "it runs full causal attention only (no window)"
-    if s.g_dtype is not None:
-        return "it has no gate"
     if s.T % BT:
         return f"it needs T to be a multiple of {BT}"
     if s.HQ * s.B * s.T >= 2**31:
@@ -317,20 +342,25 @@ class HopperDkvLaunch:
         programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
         sched, L = schedule(s.B, s.T, s.H, split, programs, s.device)
         acc_in = args["dk_in"] is not None
+        gated = args["gc"] is not None
         rows, q_cols, kv_cols = s.B * s.T, s.HQ * D, s.H * D
         # (input, its 2-D or 1-D view, block, shared-memory layout) of each TMA descriptor the kernel takes
         table = (("q", (rows, q_cols), [BQ, D], Q_SMEM), ("do", (rows, q_cols), [BQ, D], Q_SMEM),
                  ("k", (rows, kv_cols), [BH, D], KV_SMEM), ("v", (rows, kv_cols), [BH, D], KV_SMEM),
                  ("lse", (-1,), [BQ], ROW_SMEM), ("delta", (-1,), [BQ], ROW_SMEM), ("ds", (-1, BQ), [BQ, BQ], DS_TILE))
+        if gated:
+            table += (("gc", (-1,), [BQ], ROW_SMEM),)
         # (descriptor's env name, input's env name, view, block, layout): `_descriptors`, per call
         self.views = tuple((_DESC + name, args[name].name, view, block, layout.value)
                            for name, view, block, layout in table)
         self.launch = Launch(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
-            **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, dk=args["dk"], dv=args["dv"],
+            **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, gc=args["gc"], dgc_k=args["dgc_k"],
+            dk=args["dk"], dv=args["dv"],
             dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
             nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
             qk_scale=s.scale * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale, ACC_IN=int(acc_in), H=s.H,
-            G=s.HQ // s.H, SPLIT=split, CHUNK=chunk, num_warps=NUM_WARPS))
+            G=s.HQ // s.H, SPLIT=split, CHUNK=chunk, **({} if gated else {"gc_desc": None}),
+            num_warps=NUM_WARPS))
         self.templates = None  # the first call's descriptors without their tensors (`_descriptors`)
 
     def _descriptors(self, env: dict) -> None:

@@ -271,7 +271,8 @@ def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper
     plan.flags = max(plan.flags, programs)
     plan.add(HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
         q=Ref("q"), k=Ref("k"), v=Ref("v"), do=Ref("do"), lse=Ref("lse"), delta=Ref("delta"), ds=five["ds"], dk=dk,
-        dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"])))
+        dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"],
+        gc=args["g_cumsum"], dgc_k=args["dgc_k"])))
     plan.launch(parallel_attn_bwd_kernel_dkv_per_kv_head, (programs,), True, nonfinite=Ref("flags"),
                 CONTAIN=FIXUP.value, **args)
 
