@@ -56,6 +56,9 @@ FIVE_PRODUCT_MIN_T = 2048
 # Whether "auto" takes the five-product backward for gated calls too (in eager calls, whose forward then makes o's
 # rounding residual, `from_ds.needs_exact_o`). Not yet measured on the GPU: off.
 FIVE_PRODUCT_GATED = False
+# Whether a gated five-product backward takes delta from o plus the forward's rounding residual o_lo (one more
+# product in the forward; `from_ds.needs_exact_o`) rather than from the rounded o alone.
+GATED_EXACT_DELTA = True
 # From this length on "auto" runs the five-product backward's dK/dV on the Hopper kernel (`gluon_dkv`, where it can):
 # its kernels win on every row (33-96 us at T = 2048), and eager T = 2048 calls follow them: interleaved with
 # Triton's blocks, no Hopper block stalled on the host more than Triton's (PERF.md #42w, #42x, #43, #44).

@@ -114,16 +114,21 @@ def _dq_ds_edge_block(b_dq, b_rs, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exis
     b_dst = tl.load(ds_base + i_tile * (BT * BQ) + o_r[:, None] * BQ + o_c[None, :],
                     mask=o_r[:, None] < tl.where(seen, BT, 0), other=0)
     if USE_G:
-        b_rs += _row_sums(tl.where((i_j * BT + o_r)[:, None] != (qi * BQ + o_c)[None, :], b_dst, 0))
+        b_rs += _row_sums(tl.where((i_j * BT + o_r)[:, None] != (qi * BQ + o_c)[None, :], b_dst, 0), BT=BT)
     whole = (i_j >= mid) & (i_j < hi)
     return b_dq + tl.dot(tl.trans(b_dst), tl.where(whole, b_k, b_kf)), b_rs
 
 
 @triton.jit
-def _row_sums(b_dst):
-    """Per query, the sum of a [BT keys, BQ queries] dS^T tile's entries in fp32: the query side of the gate's
-    gradient (`inner.dkv_one_head`: dgc_i gets sum_{j<i} dS_ij), from the 16-bit tiles that dq reads."""
-    return tl.sum(b_dst.to(tl.float32), 0)
+def _row_sums(b_dst, BT: tl.constexpr):
+    """Per query, the sums of a [BT keys, BQ queries] dS^T tile's entries, as column 0 of a [BQ, 16] fp32 block
+    (the rest 0): the query side of the gate's gradient (`inner.dkv_one_head`: dgc_i gets sum_{j<i} dS_ij), from
+    the 16-bit tiles that dq reads. A product with a column of ones: summed over the keys, which lie across the
+    warps, a tl.sum went through shared memory every tile and made the kernel 2.4x slower (PERF.md #47)."""
+    o_c = tl.arange(0, 16)
+    # [BT, 16]
+    b_ones = (tl.zeros([BT, 16], dtype=tl.float32) + tl.where(o_c == 0, 1.0, 0.0)[None, :]).to(b_dst.dtype)
+    return tl.dot(tl.trans(b_dst), b_ones)
 
 
 @triton.jit
@@ -181,9 +186,9 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     # [BQ, BK]
     b_dqa = tl.zeros([BQ, BK], dtype=tl.float32)
     b_dqb = tl.zeros([BQ, BK], dtype=tl.float32)
-    # [BQ]
-    b_rsa = tl.zeros([BQ], dtype=tl.float32)
-    b_rsb = tl.zeros([BQ], dtype=tl.float32)
+    # [BQ, 16]: `_row_sums`
+    b_rsa = tl.zeros([BQ, 16], dtype=tl.float32)
+    b_rsb = tl.zeros([BQ, 16], dtype=tl.float32)
     m = tl.minimum(tl.maximum(mid_a, mid_b), hi_a)  # [m, hi_a): the tiles both blocks see whole
     for i_j in range(lo_a, m):
         b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edge(
@@ -204,8 +209,8 @@ def parallel_attn_bwd_kernel_dq_from_ds(
         b_dqa += tl.dot(tl.trans(b_dsta), b_k)
         b_dqb += tl.dot(tl.trans(b_dstb), b_k)
         if USE_G:
-            b_rsa += _row_sums(b_dsta)
-            b_rsb += _row_sums(b_dstb)
+            b_rsa += _row_sums(b_dsta, BT=BT)
+            b_rsb += _row_sums(b_dstb, BT=BT)
     for i_j in range(hi_a, tl.where(b_exists, hi_b, hi_a) + 1):
         b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edge(
             b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T,
@@ -218,8 +223,8 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     if USE_G:
         NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
         p_dgc = dgc_q + i_hq.to(tl.int64) * NTOK + bos + o_t
-        tl.store(p_dgc, b_rsa, mask=o_t < T)
-        tl.store(p_dgc + BQ, b_rsb, mask=o_t + BQ < T)
+        tl.store(p_dgc, tl.sum(b_rsa, 1), mask=o_t < T)
+        tl.store(p_dgc + BQ, tl.sum(b_rsb, 1), mask=o_t + BQ < T)
     o_t += BQ
     tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqb * scale).to(dq.dtype.element_ty),
              mask=(o_t < T)[:, None] & (o_k < K)[None, :])
@@ -243,7 +248,7 @@ def needs_exact_o(s, dense: bool, forced_dkv: str, aligned: bool) -> bool:
     sums, which turns delta's rounding into a random walk (dg error 2.9e-2 against 2e-6, PERF.md #4), and
     rowsum((o + o_lo) * dO) is that sum (P @ V then dO) at the cost of one product in the forward where the
     seven-product dQ kernel spends two."""
-    if s.g_dtype is None:
+    if s.g_dtype is None or not config.GATED_EXACT_DELTA:
         return False
     try:
         return five_product_chunk(s, dense, forced_dkv, aligned, exact_o=True) is not None
@@ -343,7 +348,7 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
         return None
     G, D = s.HQ // s.H, max(s.K, s.V)
     runnable = dense and eligible(s)
-    gated_without_o_lo = s.g_dtype is not None and not exact_o
+    gated_without_o_lo = s.g_dtype is not None and not exact_o and config.GATED_EXACT_DELTA
     if forced == "auto":
         return _auto_five(s, aligned) if runnable and forced_dkv == "auto" and not gated_without_o_lo else None
     if forced_dkv == "auto":
@@ -392,7 +397,8 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     BR = max(1, 4096 // BV)
     gated = s.g_dtype is not None
     if R:
-        plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if gated else None, do=Ref("do"),
+        plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if gated and config.GATED_EXACT_DELTA
+                    else None, do=Ref("do"),
                     delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
     # The gate's gradient: dQ from dS stores its query side, the dK/dV kernel minus its key side (as seven products).
     dgc_q = plan.empty("dgc_q", (s.HQ, NTOK), torch.float32) if gated else None
