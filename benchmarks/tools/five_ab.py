@@ -9,8 +9,7 @@ Gated rows (g8-T8192-gated, ...) pass the gate too and report dg's oracle error.
 Candidates: "seven" (FLA_BWD_DQ_PATH=recompute), "five" (from-ds at the default dS budget), "five-1chunk"
 (from-ds with a budget large enough for one chunk) and "five@N" (from-ds at a budget of N MiB: smaller chunks), each
 optionally with knobs of the dQ-from-dS launch: "+wN" (num_warps N), "+sN" (num_stages N), "+rN" (maxnreg N),
-e.g. "five+w8+r128", "+triton" / "+hopper" (FLA_BWD_DS_KERNEL: the dK/dV kernel, default "auto"), and "+rounded"
-(gated rows: delta from the rounded o, `config.GATED_EXACT_DELTA` off).
+e.g. "five+w8+r128", and "+triton" / "+hopper" (FLA_BWD_DS_KERNEL: the dK/dV kernel, default "auto").
 The
 results of issue 18's runs are in benchmarks/results/five-product/ (runs 1-3 and 10-11 used experiment switches,
 FLA_BWD_EXP_*, since removed: PERF.md #42 says which variant each was).
@@ -55,9 +54,6 @@ def knobs(name) -> dict:
     for knob in name.split("+")[1:]:
         if knob in ("triton", "hopper"):
             continue  # the ds kernel, `_Env`
-        if knob == "rounded":  # gated: delta from the rounded o (no o_lo from the forward)
-            out["GATED_EXACT_DELTA"] = False
-            continue
         if knob[:1] in ("w", "s", "r") and knob[1:].isdigit():
             launch[{"w": "num_warps", "s": "num_stages", "r": "maxnreg"}[knob[0]]] = int(knob[1:])
         else:
@@ -130,7 +126,7 @@ def run_row(name, cands, rounds, iters, timer, fwdbwd=False):
             with _Env(c):
                 return torch.autograd.grad(o, ins, do, retain_graph=True)
 
-        def step(c=c):  # forward + backward (a gated five-product forward also makes o_lo)
+        def step(c=c):  # forward + backward
             with _Env(c):
                 return torch.autograd.grad(parallel_attn(q, k, v, g=g, window_size=W), ins, do)
         for _ in range(3):

@@ -53,12 +53,6 @@ DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
 # 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`, with a split if needed). They won
 # there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost, shorter rows are host-bound.
 FIVE_PRODUCT_MIN_T = 2048
-# Whether "auto" takes the five-product backward for gated calls too (in eager calls, whose forward then makes o's
-# rounding residual, `from_ds.needs_exact_o`). Not yet measured on the GPU: off.
-FIVE_PRODUCT_GATED = False
-# Whether a gated five-product backward takes delta from o plus the forward's rounding residual o_lo (one more
-# product in the forward; `from_ds.needs_exact_o`) rather than from the rounded o alone.
-GATED_EXACT_DELTA = True
 # From this length on "auto" runs the five-product backward's dK/dV on the Hopper kernel (`gluon_dkv`, where it can):
 # its kernels win on every row (33-96 us at T = 2048), and eager T = 2048 calls follow them: interleaved with
 # Triton's blocks, no Hopper block stalled on the host more than Triton's (PERF.md #42w, #42x, #43, #44).
