@@ -163,11 +163,13 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
     if 64 < D and "dkv_window" in TILE_CONFIGS[(dtype != f32, D > 128)]:  # short windows (`config.dkv_tiles`)
         plain.append(("dkv_per_kv_head_window", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
                       dict(dkv, dk=t(), dv=t(), SPLIT=1, W=50, **no_ds), "dkv_window"))
-    if five:  # the five-product backward (dense, no gate, no sink): a middle chunk's dK/dV launch, unsplit and split
+    if five:  # the five-product backward (dense, no sink): a middle chunk's dK/dV launch, unsplit, split, gated
         store = dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), ds=t(),
                      dk_in=t(f32), dv_in=t(f32), NTILE=1000, G0=2, CHUNK=2, HEADS=1, ACC_OUT=True)
         plain = [("dkv_store_ds", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(store, SPLIT=1), "dkv"),
-                 ("dkv_store_ds_split4", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(store, SPLIT=4), "dkv")]
+                 ("dkv_store_ds_split4", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(store, SPLIT=4), "dkv"),
+                 ("dkv_store_ds_gated", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
+                  dict(store, SPLIT=1, g_cumsum=t(f32), dgc_k=t(f32)), "dkv")]
     return [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
             for name, kernel, launch, key in plain for mode in (0, 1, 2)] + (_five_extra(D, dtype, t) if five else [])
 
@@ -177,9 +179,10 @@ def _five_extra(D: int, dtype, t):
     import fla_bwd.ops.attn.from_ds as F
     cfg = tile_config("dkv", D, dtype)
     bk = max(16, triton.next_power_of_2(D))
-    return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds,
-             dict(k=t(), ds=t(), dq=t(), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D,
-                  BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1), "dkv"),
+    dq = dict(k=t(), ds=t(), dq=t(), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D,
+              BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1)
+    return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None), "dkv"),
+            ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(torch.float32)), "dkv"),
             ("delta", F.delta_kernel, dict(o=t(), do=t(), delta=t(torch.float32), R=1000, NTOK=100, HQ=32, V=D,
                                            BR=4096 // bk, BV=bk), "dkv")]
 
@@ -195,7 +198,7 @@ def compile_one(task: tuple) -> tuple:
     dtype = getattr(torch, dtype_name)
     name, kernel, launch, key = kernels(D, dtype, *_FLAGS[variant])[index]
     cfg = dict(tile_config(key, D, dtype), **parse_override(overrides.get(key, "")))
-    if name == "dq_from_ds":  # the dK/dV kernel's tiles, its own warps and stages
+    if name.startswith("dq_from_ds"):  # the dK/dV kernel's tiles, its own warps and stages
         cfg.update(DQ_FROM_DS_LAUNCH)
     nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
     c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)

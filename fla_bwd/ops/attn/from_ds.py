@@ -118,14 +118,15 @@ def _dq_ds_edge_block(b_dq, b_rs, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exis
 
 @triton.jit
 def _row_sums(b_dst, BT: tl.constexpr):
-    """Per query, the sums of a [BT keys, BQ queries] dS^T tile's entries, as column 0 of a [BQ, 16] fp32 block
-    (the rest 0): the query side of the gate's gradient (`inner.dkv_one_head`: dgc_i gets sum_{j<i} dS_ij), from
-    the 16-bit tiles that dq reads. A product with a column of ones: summed over the keys, which lie across the
-    warps, a tl.sum went through shared memory every tile and made the kernel 2.4x slower (PERF.md #47)."""
-    o_c = tl.arange(0, 16)
-    # [BT, 16]
-    b_ones = (tl.zeros([BT, 16], dtype=tl.float32) + tl.where(o_c == 0, 1.0, 0.0)[None, :]).to(b_dst.dtype)
-    return tl.dot(tl.trans(b_dst), b_ones)
+    """Per query, the sums of a [BT keys, BQ queries] dS^T tile's entries, as row 0 of a [16, BQ] fp32 block (the
+    rest 0): the query side of the gate's gradient (`inner.dkv_one_head`: dgc_i gets sum_{j<i} dS_ij), from the
+    16-bit tiles that dq reads. A product of a row of ones (registers) with the tile: summed over the keys, which
+    lie across the warps, a tl.sum went through shared memory every tile and made the kernel 2.4x slower, and ones
+    as the shared-memory operand were stored and fenced every tile (PERF.md #47)."""
+    o_r = tl.arange(0, 16)
+    # [16, BT]
+    b_ones = (tl.zeros([16, BT], dtype=tl.float32) + tl.where(o_r == 0, 1.0, 0.0)[:, None]).to(b_dst.dtype)
+    return tl.dot(b_ones, b_dst)
 
 
 @triton.jit
@@ -183,9 +184,9 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     # [BQ, BK]
     b_dqa = tl.zeros([BQ, BK], dtype=tl.float32)
     b_dqb = tl.zeros([BQ, BK], dtype=tl.float32)
-    # [BQ, 16]: `_row_sums`
-    b_rsa = tl.zeros([BQ, 16], dtype=tl.float32)
-    b_rsb = tl.zeros([BQ, 16], dtype=tl.float32)
+    # [16, BQ]: `_row_sums`
+    b_rsa = tl.zeros([16, BQ], dtype=tl.float32)
+    b_rsb = tl.zeros([16, BQ], dtype=tl.float32)
     m = tl.minimum(tl.maximum(mid_a, mid_b), hi_a)  # [m, hi_a): the tiles both blocks see whole
     for i_j in range(lo_a, m):
         b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edge(
@@ -220,8 +221,8 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     if USE_G:
         NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
         p_dgc = dgc_q + i_hq.to(tl.int64) * NTOK + bos + o_t
-        tl.store(p_dgc, tl.sum(b_rsa, 1), mask=o_t < T)
-        tl.store(p_dgc + BQ, tl.sum(b_rsb, 1), mask=o_t + BQ < T)
+        tl.store(p_dgc, tl.sum(b_rsa, 0), mask=o_t < T)
+        tl.store(p_dgc + BQ, tl.sum(b_rsb, 0), mask=o_t + BQ < T)
     o_t += BQ
     tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqb * scale).to(dq.dtype.element_ty),
              mask=(o_t < T)[:, None] & (o_k < K)[None, :])
