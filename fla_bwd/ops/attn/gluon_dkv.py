@@ -52,16 +52,11 @@ CONSUMER_REGS = gl.constexpr(240)  # the producer keeps the rest of the 168 a th
 MMA_S = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BQ, 16]))
 MMA_D = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]))
 OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_D.value, k_width=2))
-# Gated: the keys' row sums of dS^T as a product with a [BQ, 16] block of ones in shared memory (column 0 ones).
-MMA_G = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16]))
-OPERAND_G = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_G.value, k_width=2))
 # 16-bit layouts: fp16 and bf16 share them (the swizzle depends on the element width only).
 Q_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, D], gl.bfloat16))
 KV_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BH, D], gl.bfloat16))
 DS_TILE = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, BH], gl.bfloat16))
 ROW_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ], gl.float32))
-ONES_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, 16], gl.bfloat16))
-ONES_REG = gl.constexpr(gl.BlockedLayout([1, 1], [2, 16], [NUM_WARPS, 1], [1, 0]))  # written once, by the launch's warps
 STAGE_BYTES = gl.constexpr(2 * BQ * D * 2 + 2 * BQ * 4)  # q, dO, lse, delta of one block
 KV_BYTES = gl.constexpr(2 * BT * D * 2)
 BT_C = gl.constexpr(BT)
@@ -88,7 +83,7 @@ def _item(sched, t, L, B, H, SPLIT):
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in,
               dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
-              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ones_smem, ds_smem, ready, empty, kv_ready,
+              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
               kv_empty, H, G, SPLIT, CHUNK, ACC_IN):
     """Copies each item's K/V (a [64, D] box a consumer warpgroup), then q, dO, lse, delta (and, gated, the
     queries' gate cumsum) of every (head of the chunk, query block from the diagonal) into the next free stage."""
@@ -121,7 +116,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in,
               dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
-              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ones_smem, ds_smem, ready, empty, kv_ready,
+              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
               kv_empty, H, G, SPLIT, CHUNK, ACC_IN, i_wg):
     """Consumer warpgroup i_wg: keys [64 i_wg, 64 i_wg + 64) of every item, the four products of each of its
     blocks, its dS^T stores and its item's dK/dV and flags. Its own partition, shared-memory tiles and barrier
@@ -159,7 +154,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
             if USE_G:
                 g_row = (i_h * G + i_p * (G // SPLIT) + G0 + c).to(gl.int64) * (B * T) + i_b * T + key0
                 b_gk = gl.load(gc + g_row + o_key)
-                acc_dgk = gl.zeros([BH_C, 16], gl.float32, MMA_G)  # column 0: minus the key side of dgc
+                acc_dgk = gl.zeros([BH_C], gl.float32, gl.SliceLayout(1, MMA_S))
             for qi in range(2 * m, T // BQ_C):
                 s = i % STAGES_C
                 mbarrier.wait(ready.index(s), (i // STAGES_C) & 1)
@@ -192,19 +187,15 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                     n_st += 1
                 acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
                 if USE_G:
-                    # The stored values' row sums (the dQ-from-dS kernel sums the same ones for the query side),
-                    # the diagonal left out; a tl.sum here cost the loop ~160 instructions and spills (PERF.md #47).
-                    b_dsg = b_ds
+                    b_dsf = b_ds.to(gl.float32)
                     if qi < 2 * m + 2:
-                        b_dsg = gl.where((key0 + o_key)[:, None] != (qi * BQ_C + o_q)[None, :], b_ds, 0.0).to(dtype)
-                    acc_dgk = warpgroup_mma(gl.convert_layout(b_dsg, OPERAND_G), ones_smem, acc_dgk, is_async=True)
-                    acc_dv, acc_dk, acc_dgk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk, acc_dgk))
-                else:
-                    acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
+                        b_dsf = gl.where((key0 + o_key)[:, None] != (qi * BQ_C + o_q)[None, :], b_dsf, 0.0)
+                    acc_dgk += gl.sum(b_dsf, axis=1)
+                acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
             if USE_G:
-                gl.store(dgc_k + g_row + gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_G)), -gl.sum(acc_dgk, axis=1))
+                gl.store(dgc_k + g_row + o_key, -acc_dgk)
         mbarrier.arrive(kv_empty.index(0), count=1)
         # The FLAG launch's flag of this 64-key tile (the Triton kernel's program index): dK or dV not finite.
         bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
@@ -235,13 +226,8 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
     gq_smem = lse_smem  # not read without a gate
-    ones_smem = lse_smem
     if gc is not None:
         gq_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
-        o_ones = gl.arange(0, 16, layout=gl.SliceLayout(0, ONES_REG))
-        ones = (gl.zeros([BQ_C, 16], gl.float32, ONES_REG) + gl.where(o_ones == 0, 1.0, 0.0)[None, :]).to(dtype)
-        ones_smem = gl.allocate_shared_memory(dtype, [BQ_C, 16], ONES_SMEM, ones)
-        fence_async_shared()
     ds_smem = gl.allocate_shared_memory(dtype, [4, BH_C, BQ_C], DS_TILE)  # two buffers a consumer warpgroup
     ready = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
@@ -257,15 +243,15 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
     wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in, dv_in,
            nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
-           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ones_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 0)
     wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in, dv_in,
            nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
-           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ones_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 1)
     producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in,
                 dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
-                q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ones_smem, ds_smem, ready, empty, kv_ready,
+                q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
                 kv_empty, H, G, SPLIT, CHUNK, ACC_IN)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
                        [CONSUMER_REGS, CONSUMER_REGS])
