@@ -209,7 +209,7 @@ def _shape(**kw):
     (dict(H=2), (4, 4)),  # G16
     (dict(K=64, V=64), None),  # D = 64: slower
     (dict(W=512), None),  # windows: not measured faster
-    (dict(g_dtype=f32), None),  # gated: only on the Hopper kernel (Triton's lost, PERF.md #47)
+    (dict(g_dtype=f32), None),  # gated: only on the Hopper kernel (Triton's lost) and `FIVE_PRODUCT_GATED`
     (dict(sink_dtype=f32), None),
     (dict(dtype=f32), None),
     (dict(T=8192, W=8192, B=1), None),  # dS tiles over the default budget: seven products, no error
@@ -266,14 +266,18 @@ def test_auto_splits_imbalanced_calls(monkeypatch):
 
 
 def test_auto_dispatch_of_gated_calls(monkeypatch):
-    """Gated calls take five products under "auto" only where the Hopper kernel runs them (faked on here), then by
-    its rule; on the Triton kernel they keep seven products, and under forced from-ds they run on either."""
+    """Gated calls take five products under "auto" only where `config.FIVE_PRODUCT_GATED` allows and the Hopper
+    kernel runs them (faked on here), then by its rule; on the Triton kernel they keep seven products, and under
+    forced from-ds they run on either."""
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
     monkeypatch.setattr(from_ds.gluon_dkv, "why_not", lambda s, device, aligned: None)
     gated = _shape(g_dtype=f32)
+    monkeypatch.setattr(config, "FIVE_PRODUCT_GATED", False)
+    assert from_ds.five_product_chunk(gated, True, "auto", True) is None
+    monkeypatch.setattr(config, "FIVE_PRODUCT_GATED", True)
     assert from_ds.five_product_chunk(gated, True, "auto", True) == from_ds.FiveProduct(1, 1, True)
     with ds_kernel("triton"):
         assert from_ds.five_product_chunk(gated, True, "auto", True) is None

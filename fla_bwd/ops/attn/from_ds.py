@@ -289,10 +289,12 @@ def _busy_splits(s):
 
 def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
     """How "auto" runs this (eligible, dense) call with five products, or None for seven: where they measured
-    faster (`config`): full causal, head dims 65-128, long enough, gated calls only on the Hopper kernel, and the
-    first of `_busy_splits` whose dS tiles fit the budget."""
+    faster (`config`): full causal, head dims 65-128, long enough, gated calls only on the Hopper kernel and where
+    `config.FIVE_PRODUCT_GATED` allows, and the first of `_busy_splits` whose dS tiles fit the budget."""
     D = max(s.K, s.V)
     if not (64 < D <= 128 and s.W >= s.T and s.T >= config.FIVE_PRODUCT_MIN_T):
+        return None
+    if s.g_dtype is not None and not config.FIVE_PRODUCT_GATED:
         return None
     hopper = _hopper(s, aligned)
     if s.g_dtype is not None and not hopper:
