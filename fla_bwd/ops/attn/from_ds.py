@@ -404,8 +404,8 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
         done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
         if done % chunk == 0 and s.T:  # a whole chunk: its dq rows
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
-                        dq=dq, dgc_q=dgc_q, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=done - chunk, HQ=s.HQ, H=s.H, G=G,
-                        SPLIT=split, CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)),
+                        dq=dq, dgc_q=dgc_q, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=done - chunk, HQ=s.HQ,
+                        H=s.H, G=G, SPLIT=split, CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)),
                         NUM_BANDS=bands, **config.DQ_FROM_DS_LAUNCH)
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)

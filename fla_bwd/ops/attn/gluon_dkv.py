@@ -15,8 +15,8 @@ It is the FLAG launch of the two-launch containment (`host.add_contained`): ever
 its dK/dV is not finite, and the Triton kernel's FIXUP launch recomputes those tiles with containment.
 
 Scope (`why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, full causal, T a multiple of 128, dense, gated or not,
-one launch per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on (`from_ds._hopper`). Gluon has no CPU interpreter:
-the tests compile it for sm_90 on the CPU and run it on the GPU.
+one launch per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on (`from_ds._hopper`). Gluon has no CPU
+interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
 """
 
 import functools
