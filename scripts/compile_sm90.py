@@ -151,7 +151,7 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
     dkv = dict(base, do=t(), dgc_k=gate, dsink_partial=sk, dsink=sk, delta=t(f32), NUM_PARTIALS=7)
     # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `host.add_contained`).
     plain = [
-        ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), sink_bias=sk), "fwd"),
+        ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), o_lo=None, sink_bias=sk), "fwd"),
         ("dq", P.parallel_attn_bwd_kernel_dq,
          dict(base, o=t(), do=t(), dq=t(), dgc_q=gate, delta=t(f32), sink_bias=sk, dsink_partial=sk,
               REFINE_DELTA=gated and not sink, EXACT_DELTA=sink), "dq"),

@@ -126,7 +126,7 @@ def run_row(name, cands, rounds, iters, timer, fwdbwd=False):
             with _Env(c):
                 return torch.autograd.grad(o, ins, do, retain_graph=True)
 
-        def step(c=c):  # forward + backward
+        def step(c=c):  # forward + backward (a gated five-product forward also makes o_lo)
             with _Env(c):
                 return torch.autograd.grad(parallel_attn(q, k, v, g=g, window_size=W), ins, do)
         for _ in range(3):

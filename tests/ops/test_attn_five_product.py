@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from conftest import DEVICE
-from helpers import Case, check_against_oracle, make_inputs, params, run_parallel
+from helpers import Case, check_against_oracle, make_inputs, params, run_parallel, run_reference
 from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
 from test_attn_nan import _check_poisoned, _poisoned_run
 
@@ -37,6 +37,7 @@ CPU_CASES = [
     Case(B=2, T=63, HQ=4, H=2, K=64, dtype=bf16, gate=True),
     Case(B=1, T=100, HQ=4, H=1, K=64, dtype=f16, gate=True, window=30),
     Case(B=1, T=80, HQ=2, H=2, K=32, dtype=bf16, gate=True, g_dtype=bf16),
+    Case(B=1, T=130, HQ=2, H=2, K=64, dtype=bf16, gate=True, scale=0.5),  # sharp rows: delta from o alone failed
 ]
 GPU_CASES = [
     Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16),
@@ -155,6 +156,45 @@ def test_gated_chunks_are_bitwise_one_launch(split, chunk, monkeypatch):
         assert torch.equal(again[name], chunked[name]), name
 
 
+def _gated_call(case: Case):
+    x = make_inputs(case)
+    q, k, v, g = (t.detach() for t in (x.q, x.k, x.v, x.g))
+    return x, (q, k, v, g, None, None, case.K ** -0.5, 0)
+
+
+def test_forward_makes_o_lo_only_for_a_gated_five_product_backward():
+    """o's rounding residual costs the forward one product: made for a gated call whose backward takes five
+    products (and only when a backward may follow), and then o + o_lo is the fp32 o of the oracle to far below o's
+    own rounding."""
+    case = Case(B=1, T=70, HQ=2, H=1, K=64, dtype=bf16, gate=True)
+    x, args = _gated_call(case)
+    with dq_path("from-ds"):
+        o, _, _, o_lo, _ = host.forward(*args, for_backward=True)
+        assert host.forward(*args, for_backward=False)[3] is None
+        assert host.forward(*args[:3], None, *args[4:], for_backward=True)[3] is None  # ungated
+    with dq_path("recompute"):
+        assert host.forward(*args, for_backward=True)[3] is None
+    assert o_lo is not None and o_lo.dtype == o.dtype and o_lo.shape == o.shape
+    ref = run_reference(case, x)["o"].float()
+    err, err_lo = (o.float() - ref).abs().max(), (o.float() + o_lo.float() - ref).abs().max()
+    assert err_lo < err / 50, (err_lo, err)
+
+
+def test_gated_backward_without_o_lo():
+    """A gated backward whose forward made no o_lo (the torch.compile path's, `autograd.parallel_attn_fwd_op`):
+    "auto" takes seven products, a forced five-product backward raises rather than compute a coarser dg."""
+    case = Case(B=1, T=70, HQ=2, H=1, K=64, dtype=bf16, gate=True)
+    x, (q, k, v, g, *rest) = _gated_call(case)
+    o, lse, gc, o_lo, _ = host.forward(q, k, v, g, *rest)
+    assert o_lo is None
+    do = x.do.contiguous()
+    with dq_path("from-ds"):
+        with pytest.raises(ValueError, match="rounding residual from the forward"):
+            host.backward(do, q, k, v, o, lse, gc, g, None, None, rest[-2], rest[-1])
+    call = host.call_of(q, k, v, g, None, None, rest[-2], rest[-1])
+    assert from_ds.five_product_chunk(call.shape, True, "auto", True, exact_o=False) is None
+
+
 @pytest.mark.parametrize("W", [None, 8], ids=["causal", "W8"])
 @pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan)],
                          ids=["q_nan", "k_inf", "v_nan"])
@@ -266,24 +306,31 @@ def test_auto_splits_imbalanced_calls(monkeypatch):
 
 
 def test_auto_dispatch_of_gated_calls(monkeypatch):
-    """Gated calls take five products under "auto" only where `config.FIVE_PRODUCT_GATED` allows and the Hopper
-    kernel runs them (faked on here), then by its rule; on the Triton kernel they keep seven products, and under
-    forced from-ds they run on either."""
+    """Gated calls take five products under "auto" only where `config.FIVE_PRODUCT_GATED` allows, the Hopper kernel
+    runs them (faked on here) and the forward made o_lo; then by the Hopper kernel's rule. On the Triton kernel they
+    keep seven products, and under forced from-ds they run on either. The forward makes o_lo exactly where the
+    backward would take five products."""
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
     monkeypatch.setattr(from_ds.gluon_dkv, "why_not", lambda s, device, aligned: None)
     gated = _shape(g_dtype=f32)
-    monkeypatch.setattr(config, "FIVE_PRODUCT_GATED", False)
-    assert from_ds.five_product_chunk(gated, True, "auto", True) is None
-    monkeypatch.setattr(config, "FIVE_PRODUCT_GATED", True)
-    assert from_ds.five_product_chunk(gated, True, "auto", True) == from_ds.FiveProduct(1, 1, True)
-    with ds_kernel("triton"):
-        assert from_ds.five_product_chunk(gated, True, "auto", True) is None
-        with dq_path("from-ds"):
-            assert from_ds.five_product_chunk(gated, True, "auto", True) == from_ds.FiveProduct(1, 1)
-    assert from_ds.five_product_chunk(_shape(g_dtype=f32, T=1024, W=1024), True, "auto", True) is None  # short
+    for allowed in (False, True):
+        monkeypatch.setattr(config, "FIVE_PRODUCT_GATED", allowed)
+        expected = from_ds.FiveProduct(1, 1, True) if allowed else None
+        assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=True) == expected
+        assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=False) is None
+        assert from_ds.needs_exact_o(gated, True, "auto", True) == allowed
+        assert not from_ds.needs_exact_o(_shape(), True, "auto", True)  # ungated: never
+        with ds_kernel("triton"):
+            assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=True) is None
+            assert not from_ds.needs_exact_o(gated, True, "auto", True)
+            with dq_path("from-ds"):
+                assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=True) == (1, 1, False)
+                assert from_ds.needs_exact_o(gated, True, "auto", True)
+        short = _shape(g_dtype=f32, T=1024, W=1024)
+        assert from_ds.five_product_chunk(short, True, "auto", True, exact_o=True) is None
 
 
 @pytest.mark.parametrize("what", ["sink", "packed", "fp32", "head_dim", "dkv_path", "budget", "split"])

@@ -35,7 +35,9 @@ def parallel_attn_fwd_op(
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, the gate's cumsum or empty). `window_size` 0 means full causal."""
-    o, lse, g_cumsum, _ = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
+    # No o_lo (`host.forward`'s for_backward): the op cannot tell whether a backward follows, so its gated calls
+    # take seven products.
+    o, lse, g_cumsum, _, _ = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     return o, lse, g_cumsum if g_cumsum is not None else _empty_f32(q.device)
 
 
@@ -66,19 +68,20 @@ def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, wi
             torch.empty_like(sink_bias) if sink_bias is not None else empty)
 
 
-def _save(ctx, inputs, output, call=None):
+def _save(ctx, inputs, output, call=None, o_lo=None):
     q, k, v, g, sink_bias, cu_seqlens, scale, window_size = inputs
     o, lse, g_cumsum = output
-    ctx.save_for_backward(q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens)
+    ctx.save_for_backward(q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo)
     ctx.scale, ctx.window_size, ctx.call = scale, window_size, call
 
 
 def _gradients(ctx, do, backward, *call):
     """The gradients of the forward's 8 inputs from `do`, through `backward` (the custom op, or `host.backward`
-    with the forward's `host.Call`)."""
-    q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens = ctx.saved_tensors
+    with the forward's `host.Call` and o_lo)."""
+    q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo = ctx.saved_tensors
+    extra = (*call, o_lo) if call else ()
     dq, dk, dv, dg, dsink = backward(do.contiguous(), q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens,
-                                     ctx.scale, ctx.window_size, *call)
+                                     ctx.scale, ctx.window_size, *extra)
     return (dq, dk, dv, dg if g is not None else None, dsink if sink_bias is not None else None, None, None, None)
 
 
@@ -107,8 +110,9 @@ class EagerParallelAttn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
-        o, lse, g_cumsum, call = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size), (o, lse, g_cumsum), call)
+        o, lse, g_cumsum, o_lo, call = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size,
+                                                    any(ctx.needs_input_grad))
+        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size), (o, lse, g_cumsum), call, o_lo)
         return o
 
     @staticmethod

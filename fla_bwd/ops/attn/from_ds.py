@@ -18,13 +18,13 @@ Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk
 key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/dV kernel holds it). With a window
 only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT.
 
-With a gate, dQ from dS also sums the query side of the gate's gradient from the stored 16-bit tiles, and the dK/dV
-kernel its key side from the same rounded values: the reverse cumsum of dg then cancels the pairs both sides share
-exactly, as it does in seven products, where both sides are fp32 (PERF.md #47). Delta is rowsum(o * dO) from the
-rounded o, as for ungated calls (FlashAttention's): the seven-product dQ kernel's fp32 delta costs two products a
-pair, the forward's exact o one (measured: the forward +56%, PERF.md #47).
+With a gate, delta comes from o plus the forward's rounding residual o_lo (`needs_exact_o`); dQ from dS also sums
+the query side of the gate's gradient from the stored 16-bit tiles, and the dK/dV kernel its key side from the same
+rounded values: the reverse cumsum of dg then cancels the pairs both sides share exactly, as it does in seven
+products, where both sides are fp32 (PERF.md #47).
 
-Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no sink. "auto" takes it where it
+Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no sink; gated calls only where the forward made
+o_lo (eager calls, `host.forward`'s for_backward). "auto" takes it where it
 measured faster (`five_product_chunk`): long full-causal MHA and GQA whose launches keep the GPU busy, split where
 one program per KV head would not (#42q); windows and D = 64 lost (PERF.md #42). The dS store goes through a
 device-side tensor descriptor (a bulk copy from shared memory): per-element pointer stores cost more (#42c). A
@@ -80,15 +80,20 @@ def ds_layout(T: int, W: int, BQ: int, BT: int) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@triton.heuristics({"EXACT_O": lambda args: args["o_lo"] is not None})
 @triton.jit(do_not_specialize=["R", "NTOK"])
-def delta_kernel(o, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
-    """delta `[HQ, NTOK]` (fp32) = rowsum(o * dO) over the R = NTOK * HQ rows of o, dO `[NTOK, HQ, V]`."""
+def delta_kernel(o, o_lo, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr, BR: tl.constexpr,
+                 BV: tl.constexpr, EXACT_O: tl.constexpr):
+    """delta `[HQ, NTOK]` (fp32) = rowsum(o * dO) over the R = NTOK * HQ rows of o, dO `[NTOK, HQ, V]`; EXACT_O:
+    of (o + o_lo) * dO, o_lo the forward's rounding residual of o (`parallel_attn_fwd_kernel`)."""
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)
     o_v = tl.arange(0, BV)
     m = (o_r < R)[:, None] & (o_v < V)[None, :]
     p = o_r.to(tl.int64)[:, None] * V + o_v[None, :]
     # [BR, BV]
     b_o = tl.load(o + p, mask=m, other=0).to(tl.float32)
+    if EXACT_O:
+        b_o += tl.load(o_lo + p, mask=m, other=0).to(tl.float32)
     b_do = tl.load(do + p, mask=m, other=0).to(tl.float32)
     o_tok, o_hq = o_r // HQ, o_r % HQ
     tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok, tl.sum(b_o * b_do, 1), mask=o_r < R)
@@ -233,9 +238,25 @@ def parallel_attn_bwd_kernel_dq_from_ds(
 # ----------------------------------------------------------------------------------------------------------------
 
 def eligible(s) -> bool:
-    """Whether the five-product backward can run a call of `host.Shape` s (dense is the caller's to check)."""
+    """Whether the five-product backward can run a call of `host.Shape` s (dense is the caller's to check; a gated
+    call also needs the forward's o_lo, `needs_exact_o`)."""
     return (s.dtype in (torch.float16, torch.bfloat16) and max(s.K, s.V) <= 128 and s.sink_dtype is None
             and s.Q0 == 0)
+
+
+def needs_exact_o(s, dense: bool, forced_dkv: str, aligned: bool) -> bool:
+    """Whether the forward of a call of Shape s must make o's rounding residual o_lo (`host.add_fwd`): a gated call
+    whose backward, with the settings of now, takes five products. Its delta must then be rowsum(P * dP) to fp32
+    precision, as the seven-product dQ kernel's refined delta is for dK and dg: from the rounded o, dk and dg come
+    out about twice as far from the oracle (3.6e-3 against 2.6e-3 at g8-T8192-gated, and past the 5e-3 bar on
+    sharp rows: B1 T130 D64 scale 0.5 gave dk 5.6e-3, dg 5.3e-3; PERF.md #47). rowsum((o + o_lo) * dO) is that sum
+    (P @ V, then dO) at the cost of one product in the forward where the seven-product dQ kernel spends two."""
+    if s.g_dtype is None:
+        return False
+    try:
+        return five_product_chunk(s, dense, forced_dkv, aligned, exact_o=True) is not None
+    except ValueError:
+        return False  # the backward raises it
 
 
 class FiveProduct(NamedTuple):
@@ -312,10 +333,12 @@ def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
     return None
 
 
-def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool) -> Optional[FiveProduct]:
+def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
+                       exact_o: bool = False) -> Optional[FiveProduct]:
     """The split, chunk and dK/dV kernel of a backward of Shape s, or None for the seven-product backward (settings
     read now; `forced_dkv` is the caller's `settings.forced_dkv_path()`; `aligned`: q, k, v and dO start 16-byte
-    aligned, which the Hopper kernel's TMA needs).
+    aligned, which the Hopper kernel's TMA needs; `exact_o`: the forward made o_lo, which a gated call needs,
+    `needs_exact_o`).
 
     "auto": five products only where they measured faster (`_auto_five`: long dense calls that a split keeps
     balanced), no other dK/dV kernel forced and the dS tiles within the budget; else seven. Asked for
@@ -331,8 +354,9 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool) -> Option
         return None
     G, D = s.HQ // s.H, max(s.K, s.V)
     runnable = dense and eligible(s)
+    gated_without_o_lo = s.g_dtype is not None and not exact_o
     if forced == "auto":
-        return _auto_five(s, aligned) if runnable and forced_dkv == "auto" else None
+        return _auto_five(s, aligned) if runnable and forced_dkv == "auto" and not gated_without_o_lo else None
     if forced_dkv == "auto":
         split = next(_busy_splits(s), 1)  # auto's split where one keeps the GPU busy, else 1
     else:
@@ -345,6 +369,10 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool) -> Option
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v, head dims up to 128 and no sink")
+    if gated_without_o_lo:
+        raise ValueError("dq path 'from-ds' with a gate needs o's rounding residual from the forward, which it makes "
+                         "only in eager calls (not under torch.compile) where FLA_BWD_DQ_PATH was already 'from-ds' "
+                         "at the forward")
     hopper = _hopper(s, aligned)
     if hopper and forced_dkv == "auto":
         split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
@@ -375,8 +403,8 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     BR = max(1, 4096 // BV)
     gated = s.g_dtype is not None
     if R:
-        plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), do=Ref("do"), delta=delta, R=R, NTOK=NTOK,
-                    HQ=s.HQ, V=s.V, BR=BR, BV=BV)
+        plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if gated else None, do=Ref("do"),
+                    delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
     # The gate's gradient: dQ from dS stores its query side, the dK/dV kernel minus its key side (as seven products).
     dgc_q = plan.empty("dgc_q", (s.HQ, NTOK), torch.float32) if gated else None
     if gated:

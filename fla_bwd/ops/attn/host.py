@@ -17,7 +17,7 @@ import torch
 
 from fla_bwd import settings
 from fla_bwd.ops.attn.config import DELTA_MODES, contain_inline, dkv_tiles, tile_config
-from fla_bwd.ops.attn.from_ds import FiveProduct, add_five_product_backward, five_product_chunk
+from fla_bwd.ops.attn.from_ds import FiveProduct, add_five_product_backward, five_product_chunk, needs_exact_o
 from fla_bwd.ops.attn.gluon_dkv import HopperDkvLaunch
 from fla_bwd.ops.attn.inner import FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.parallel import (
@@ -173,15 +173,17 @@ def _common(plan: Plan, s: Shape, tiles: Optional[VarlenTiles], kernel: str):
     return cfg, NT, args
 
 
-def add_fwd(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref]) -> None:
+def add_fwd(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_o: bool = False) -> None:
     """o `[B, T - Q0, HQ, V]` (q's dtype) and the base-2 log-sum-exp lse `[HQ, B * T]` (fp32; with tail queries
-    only the query positions are written)."""
+    only the query positions are written); with `exact_o`, also "o_lo" (o's shape and dtype): o from the exact
+    P @ V and its rounding residual, for a gated five-product backward (`from_ds.needs_exact_o`)."""
     o = plan.empty("o", (s.B, s.T - s.Q0, s.HQ, s.V), s.dtype)
+    o_lo = plan.empty("o_lo", (s.B, s.T - s.Q0, s.HQ, s.V), s.dtype) if exact_o else None
     lse = plan.empty("lse", (s.HQ, s.B * s.T), _F32)
     _, NT, args = _common(plan, s, tiles, "fwd")
     if NT > 0:
         add_contained(plan, s, parallel_attn_fwd_kernel, NT * s.B * s.HQ,
-                       dict(args, o=o, lse=lse, g_cumsum=gc, sink_bias=sink))
+                       dict(args, o=o, o_lo=o_lo, lse=lse, g_cumsum=gc, sink_bias=sink))
 
 
 def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str) -> int:
@@ -296,23 +298,26 @@ def _finish(plan: Plan) -> Plan:
     return plan
 
 
-def _build_forward(s: Shape, tiles: Optional[VarlenTiles]) -> Plan:
+def _build_forward(s: Shape, tiles: Optional[VarlenTiles], exact_o: bool) -> Plan:
     plan = _new_plan(s)
     cu = Ref("cu_seqlens") if tiles is not None else None
     gc = None
     if s.g_dtype is not None:
         gc = add_gate_cumsum(plan, Ref("g"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, (s.HQ, 1))
-    add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None)
+    add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None, exact_o)
     return _finish(plan)
 
 
-def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int):
-    """(o, lse, the gate's cumsum gc times log2 e or None, the `Call` for the backward), for validated contiguous
-    inputs. `window_size` 0 means full causal."""
+def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False):
+    """(o, lse, the gate's cumsum gc times log2 e or None, o's rounding residual o_lo or None, the `Call` for the
+    backward), for validated contiguous inputs. `window_size` 0 means full causal. `for_backward`: a backward may
+    follow, so make o_lo where it would need it (`from_ds.needs_exact_o`: a gated call that takes five products)."""
     call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-    plan = _plan(call.key, _build_forward, call.shape, call.tiles)
+    exact_o = for_backward and needs_exact_o(call.shape, call.tiles is None, settings.forced_dkv_path(),
+                                             call.qkv_aligned)
+    plan = _plan((call.key, exact_o), _build_forward, call.shape, call.tiles, exact_o)
     env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens), call.tiles)
-    return env["o"], env["lse"], env.get("gc"), call
+    return env["o"], env["lse"], env.get("gc"), env.get("o_lo"), call
 
 
 def _delta_mode(s: Shape) -> str:
@@ -346,20 +351,22 @@ def dkv_kernel(call: Call, forced: str) -> DkvKernel:
 
 
 def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,
-             call: Optional[Call] = None):
+             call: Optional[Call] = None, o_lo: Optional[torch.Tensor] = None):
     """(dq, dk, dv, dg or None, dsink or None): dg and dsink in g's and sink_bias's dtypes. `call` is the forward's
-    (`forward` returns it); without it (the custom-op path) it is made again from the inputs."""
+    (`forward` returns it); without it (the custom-op path) it is made again from the inputs. `o_lo`: the forward's
+    (None where it made none; a gated call then takes seven products)."""
     if call is None:
         call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     forced_dkv = settings.forced_dkv_path()
     do_aligned = aligned(do)
-    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv, call.qkv_aligned and do_aligned)
+    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv, call.qkv_aligned and do_aligned,
+                              o_lo is not None)
     kernel = dkv_kernel(call, forced_dkv) if five is None else None  # five products launch their own dK/dV kernel
     # The setting is read again here (it may change between a forward and its backward); the plan's Shape keeps the
     # forward's, which only keys plans: `contain_inline` reads the setting when the plan is built.
     plan = _plan((call.key, kernel, five, do_aligned, settings.forced_containment()), _build_backward, call.shape,
                  call.tiles, kernel, five)
-    env = _run(plan, dict(q=q, k=k, v=v, o=o, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
+    env = _run(plan, dict(q=q, k=k, v=v, o=o, o_lo=o_lo, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
                           cu_seqlens=cu_seqlens), call.tiles)
     return env["dq"], env["dk"], env["dv"], env.get("dg"), env.get("dsink")
 

@@ -47,6 +47,8 @@ _HEURISTICS = {
     # position is a query, and the kernels compile to exactly what they were before tail queries existed.
     "TAIL_Q": lambda args: args["Q0"] is not None,
 }
+# The forward also stores o's rounding residual (`inner.fwd_block`'s EXACT_O) where it is given a buffer for it.
+_FWD_HEURISTICS = dict(_HEURISTICS, EXACT_O=lambda args: args["o_lo"] is not None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -76,17 +78,19 @@ def _tail_row0(bos, T, Q0):
     return bos - (bos // T + 1) * Q0.to(tl.int64)
 
 
-@triton.heuristics(_HEURISTICS)
+@triton.heuristics(_FWD_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_fwd_kernel(
-    q, k, v, o, lse, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B, Q0,
+    q, k, v, o, o_lo, lse, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
+    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, EXACT_O: tl.constexpr,
 ):
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
-    input is kept to the outputs that depend on it (see `host.add_contained`)."""
+    input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: o from the exact P @ V
+    (`inner.fwd_block`), and o_lo (o's shape and dtype) = the fp32 o minus o rounded, so that o + o_lo is the
+    fp32 o to ~2**-17."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
@@ -110,12 +114,13 @@ def parallel_attn_fwd_kernel(
     qk_scale = scale * LOG2E
     b_o, b_m, b_l = fwd_tile(
         b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP)
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP,
+        EXACT_O=EXACT_O)
     if CONTAIN == INLINE:
         if any_nonfinite(b_o):
             b_o, b_m, b_l = fwd_tile(
                 b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-                K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=True)
+                K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=True, EXACT_O=EXACT_O)
     if CONTAIN == FLAG:
         tl.store(nonfinite + tl.program_id(0), any_nonfinite(b_o).to(tl.int8))
     if USE_SINK:
@@ -127,8 +132,12 @@ def parallel_attn_fwd_kernel(
         b_o = b_o * b_alpha[:, None]
         b_m = b_m_new
     b_o = b_o / b_l[:, None]
-    tl.store(o + (qbos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :],
-             b_o.to(o.dtype.element_ty), mask=m_t[:, None] & (o_v[None, :] < V))
+    p_o = (qbos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :]
+    m_o = m_t[:, None] & (o_v[None, :] < V)
+    b_oh = b_o.to(o.dtype.element_ty)
+    tl.store(o + p_o, b_oh, mask=m_o)
+    if EXACT_O:
+        tl.store(o_lo + p_o, (b_o - b_oh.to(tl.float32)).to(o_lo.dtype.element_ty), mask=m_o)
     tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
 
 
