@@ -183,8 +183,8 @@ def _five_extra(D: int, dtype, t):
               BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1)
     return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None), "dkv"),
             ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(torch.float32)), "dkv"),
-            ("delta", F.delta_kernel, dict(o=t(), do=t(), delta=t(torch.float32), R=1000, NTOK=100, HQ=32, V=D,
-                                           BR=4096 // bk, BV=bk), "dkv")]
+            ("delta", F.delta_kernel, dict(o=t(), o_lo=None, do=t(), delta=t(torch.float32), R=1000, NTOK=100,
+                                           HQ=32, V=D, BR=4096 // bk, BV=bk), "dkv")]
 
 
 def parse_override(text):

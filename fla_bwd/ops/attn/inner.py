@@ -238,10 +238,9 @@ def fwd_block(
         if tl.sum(b_zv, 0) != 0:
             b_v = tl.where(b_zv[:, None] == 0, b_v, 0)
             b_p = tl.where(m_vis, b_p + b_zv[None, :], 0)
-    b_ph = b_p.to(b_v.dtype)
-    b_o = b_o * b_alpha[:, None] + tl.dot(b_ph, b_v, input_precision=DOT_PREC)
+    b_o = b_o * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
     if EXACT_O:
-        b_o += tl.dot((b_p - b_ph.to(tl.float32)).to(b_v.dtype), b_v, input_precision=DOT_PREC)
+        b_o += tl.dot((b_p - b_p.to(b_v.dtype).to(tl.float32)).to(b_v.dtype), b_v, input_precision=DOT_PREC)
     return b_o, b_m_new, b_l, b_gk_next
 
 

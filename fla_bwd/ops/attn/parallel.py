@@ -78,6 +78,12 @@ def _tail_row0(bos, T, Q0):
     return bos - (bos // T + 1) * Q0.to(tl.int64)
 
 
+@triton.jit
+def _o_tile(base, qbos, i_hq, o_t, o_v, HQ: tl.constexpr, V: tl.constexpr):
+    """Pointers to the [BT, BV] tile of o (or o_lo, `[B, T, HQ, V]`) of query head i_hq at rows o_t."""
+    return base + (qbos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :]
+
+
 @triton.heuristics(_FWD_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_fwd_kernel(
@@ -132,12 +138,12 @@ def parallel_attn_fwd_kernel(
         b_o = b_o * b_alpha[:, None]
         b_m = b_m_new
     b_o = b_o / b_l[:, None]
-    p_o = (qbos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :]
-    m_o = m_t[:, None] & (o_v[None, :] < V)
-    b_oh = b_o.to(o.dtype.element_ty)
-    tl.store(o + p_o, b_oh, mask=m_o)
+    tl.store(_o_tile(o, qbos, i_hq, o_t, o_v, HQ=HQ, V=V), b_o.to(o.dtype.element_ty),
+             mask=m_t[:, None] & (o_v[None, :] < V))
     if EXACT_O:
-        tl.store(o_lo + p_o, (b_o - b_oh.to(tl.float32)).to(o_lo.dtype.element_ty), mask=m_o)
+        tl.store(_o_tile(o_lo, qbos, i_hq, o_t, o_v, HQ=HQ, V=V),
+                 (b_o - b_o.to(o.dtype.element_ty).to(tl.float32)).to(o_lo.dtype.element_ty),
+                 mask=m_t[:, None] & (o_v[None, :] < V))
     tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
 
 
