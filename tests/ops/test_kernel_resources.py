@@ -109,7 +109,8 @@ def test_five_product_kernels_fit_hopper_shared_memory():
 
 def test_hopper_dkv_kernel_fits_hopper_shared_memory():
     """The five-product backward's Gluon dK/dV kernel (`gluon_dkv.py`; scripts/compile_sm90.py --hopper: its three
-    launch forms, fp32 sums read and/or written, each plain and gated) compiles for sm_90 with the Triton installed here and fits."""
+    launch forms, fp32 sums read and/or written, each plain and gated) compiles for sm_90 with the Triton installed
+    here and fits."""
     import fla_bwd.ops.attn.gluon_dkv  # noqa: F401 - for scripts/find_dependent_tests.py
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
