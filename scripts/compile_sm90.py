@@ -13,8 +13,9 @@ config spill" without spending device time.
 constexpr variant, a refactor) is checked by comparing the hashes before and after it.
 
 `--loops` lists, for every loop of the SASS that holds matrix products (HGMMA), its instruction count and its
-local-memory stores/loads (STL/LDL: spill traffic). The stack size is a maximum over the whole kernel; the loops
-say where the spills are, e.g. whether the unmasked bulk loop spills at all.
+local-memory stores/loads (STL/LDL: spill traffic); then whether ptxas serialized the kernel's wgmmas (C7515).
+The stack size is a maximum over the whole kernel; the loops say where the spills are, e.g. whether the unmasked
+bulk loop spills at all. Check with the device's Triton (3.6): ptxas's verdict differs between versions.
 """
 
 import argparse
@@ -101,6 +102,22 @@ def cuobjdump(compiled, flag: str) -> str:
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
         return subprocess.run([tool, flag, path], capture_output=True, text=True).stdout
+
+
+def wgmma_serialized(compiled) -> str:
+    """ptxas's verdict on the kernel's wgmma pipelining: it serializes every wgmma of a function (each waits for
+    itself) when it cannot prove a pipeline stage safe, and says so only in -v output (C7515 and kin), which
+    Triton discards. The PTX is compiled again with Triton's ptxas to read it (PERF.md #48)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(compiled.asm["ptx"])
+        run = subprocess.run([tool, "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True)
+    why = re.findall(r"wgmma\.mma_async instructions are serialized due to (.*?) in the function",
+                     run.stdout + run.stderr)
+    return "SERIALIZED (" + "; ".join(why) + ")" if why else "pipelined"
 
 
 def resource_report(compiled) -> str:
@@ -206,7 +223,7 @@ def compile_one(task: tuple) -> tuple:
     if sass_hash:
         lines[0] += f"  sass {hashlib.sha256(cuobjdump(c, '-sass').encode()).hexdigest()[:16]}"
     if loops:
-        lines += loop_report(c)
+        lines += loop_report(c) + [f"    wgmma: {wgmma_serialized(c)}"]
     too_big = f"{name} D={D} {dtype_name}: {c.metadata.shared} B" if c.metadata.shared > HOPPER_SMEM_PER_BLOCK else None
     return lines, too_big
 
@@ -242,7 +259,7 @@ def main():
                 print(f"hopper dkv ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated} {args.dtype}: "
                       f"{resource_report(c)}", flush=True)
                 if args.loops:
-                    print("\n".join(loop_report(c)), flush=True)
+                    print("\n".join(loop_report(c) + [f"    wgmma: {wgmma_serialized(c)}"]), flush=True)
                 if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
                     over.append(f"ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated}: {c.metadata.shared} B")
         if args.check_smem and over:
