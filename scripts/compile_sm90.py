@@ -94,9 +94,14 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=GD.NUM_WARPS))
 
 
+def _nvidia_tool(name: str) -> str:
+    """The path of a CUDA tool that Triton ships (cuobjdump, ptxas)."""
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
 def cuobjdump(compiled, flag: str) -> str:
     """The output of the cuobjdump Triton ships, run with `flag` on the compiled kernel's cubin."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    tool = _nvidia_tool("cuobjdump")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
@@ -108,7 +113,7 @@ def wgmma_serialized(compiled) -> str:
     """ptxas's verdict on the kernel's wgmma pipelining: it serializes every wgmma of a function (each waits for
     itself) when it cannot prove a pipeline stage safe, and says so only in -v output (C7515 and kin), which
     Triton discards. The PTX is compiled again with Triton's ptxas to read it (PERF.md #48)."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    tool = _nvidia_tool("ptxas")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
         with open(path, "w") as f:
@@ -134,7 +139,8 @@ def resource_report(compiled) -> str:
 
 def loop_report(compiled) -> list:
     """One line per backward branch whose range holds HGMMA instructions (a loop with matrix products), in code
-    order: address range, instructions, HGMMA, STL, LDL. Nested ranges are listed separately."""
+    order: address range, instructions, HGMMA, STL, LDL. Nested ranges are listed separately. Then ptxas's wgmma
+    verdict on the whole kernel (`wgmma_serialized`)."""
     ins = []
     for line in cuobjdump(compiled, "-sass").splitlines():
         m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
@@ -151,7 +157,7 @@ def loop_report(compiled) -> list:
         if count["HGMMA"]:
             out.append(f"    loop [{lo:#x}, {addr:#x}]: {len(body):5d} instructions, HGMMA {count['HGMMA']:3d}, "
                        f"STL {count['STL']:3d}, LDL {count['LDL']:3d}")
-    return out
+    return out + [f"    wgmma: {wgmma_serialized(compiled)}"]
 
 
 def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
@@ -223,7 +229,7 @@ def compile_one(task: tuple) -> tuple:
     if sass_hash:
         lines[0] += f"  sass {hashlib.sha256(cuobjdump(c, '-sass').encode()).hexdigest()[:16]}"
     if loops:
-        lines += loop_report(c) + [f"    wgmma: {wgmma_serialized(c)}"]
+        lines += loop_report(c)
     too_big = f"{name} D={D} {dtype_name}: {c.metadata.shared} B" if c.metadata.shared > HOPPER_SMEM_PER_BLOCK else None
     return lines, too_big
 
@@ -259,7 +265,7 @@ def main():
                 print(f"hopper dkv ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated} {args.dtype}: "
                       f"{resource_report(c)}", flush=True)
                 if args.loops:
-                    print("\n".join(loop_report(c) + [f"    wgmma: {wgmma_serialized(c)}"]), flush=True)
+                    print("\n".join(loop_report(c)), flush=True)
                 if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
                     over.append(f"ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated}: {c.metadata.shared} B")
         if args.check_smem and over:
