@@ -135,17 +135,18 @@ def _row_sums(b_dst, BT: tl.constexpr):
 
 
 @triton.jit
-def _dq_ds_edge(b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
-                b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-                USE_G: tl.constexpr):
-    """Key tile i_j for query blocks qa and qa + 1 where at least one of them does not see it whole."""
-    # [BT, BK]
-    b_k = load_rows(k_base, i_j * BT + tl.arange(0, BT), T, stride_k, N=K, BN=BK, FULL=False)
-    b_kf, _ = finite_rows(b_k)
-    b_dqa, b_rsa = _dq_ds_edge_block(b_dqa, b_rsa, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a, True, W, BT=BT,
-                                     BQ=BQ, USE_G=USE_G)
-    b_dqb, b_rsb = _dq_ds_edge_block(b_dqb, b_rsb, ds_base, b_k, b_kf, qa + 1, i_j, lo_b, mid_b, hi_b, b_exists, W,
-                                     BT=BT, BQ=BQ, USE_G=USE_G)
+def _dq_ds_edges(b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, j0, j1, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
+                 b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+                 USE_G: tl.constexpr):
+    """Key tiles [j0, j1) for query blocks qa and qa + 1, where at least one of them does not see a tile whole."""
+    for i_j in range(j0, j1):
+        # [BT, BK]
+        b_k = load_rows(k_base, i_j * BT + tl.arange(0, BT), T, stride_k, N=K, BN=BK, FULL=False)
+        b_kf, _ = finite_rows(b_k)
+        b_dqa, b_rsa = _dq_ds_edge_block(b_dqa, b_rsa, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a, True, W,
+                                         BT=BT, BQ=BQ, USE_G=USE_G)
+        b_dqb, b_rsb = _dq_ds_edge_block(b_dqb, b_rsb, ds_base, b_k, b_kf, qa + 1, i_j, lo_b, mid_b, hi_b, b_exists,
+                                         W, BT=BT, BQ=BQ, USE_G=USE_G)
     return b_dqa, b_dqb, b_rsa, b_rsb
 
 
@@ -169,8 +170,8 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     each of the SPLIT shares of every group (share p: heads p * G / SPLIT ...), from their stored dS tiles
     (NUM_BANDS = B * H * SPLIT * CHUNK bands of NTILE tiles, the dK/dV kernel's order). Each key tile is
     loaded once for both blocks (the K reads through L2 were the kernel's limit, PERF.md #42l); each block's sum
-    runs over its tiles in key order, the same additions as one block a program. Key tiles go in three ranges: the
-    window edge (either block sees it in part), the tiles both see whole, the diagonals. USE_G: also the query side
+    runs over its tiles in a fixed order: the window edge and the diagonals (tiles either block sees in part), then
+    the tiles both see whole, in key order within each range. USE_G: also the query side
     of the gate's gradient into dgc_q `[HQ, B * T]` (fp32, `_row_sums`)."""
     i_band = tl.program_id(0) % NUM_BANDS
     i_p = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
@@ -193,10 +194,14 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     b_rsa = tl.zeros([16, BQ], dtype=tl.float32)
     b_rsb = tl.zeros([16, BQ], dtype=tl.float32)
     m = tl.minimum(tl.maximum(mid_a, mid_b), hi_a)  # [m, hi_a): the tiles both blocks see whole
-    for i_j in range(lo_a, m):
-        b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edge(
-            b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T,
-            W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G)
+    # The edges before the bulk loop: a loop after it made ptxas (Triton 3.6) serialize every wgmma of the kernel
+    # (C7515, PERF.md #48). First [lo_a, m) (window edge), then the diagonals.
+    b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
+        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, lo_a, m, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T, W,
+        H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G)
+    b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
+        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, hi_a, tl.where(b_exists, hi_b, hi_a) + 1, lo_a, mid_a, hi_a,
+        lo_b, mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G)
     i_ta = ds_tile_index(qa, 0, W, BQ=BQ, BT=BT)
     i_tb = tl.where(b_exists, ds_tile_index(qa + 1, 0, W, BQ=BQ, BT=BT), i_ta)  # no block b: read a's, store none
     # int32 offsets within a tile from int64 scalar bases: 64-bit offset tensors cost the loop its registers.
@@ -214,10 +219,6 @@ def parallel_attn_bwd_kernel_dq_from_ds(
         if USE_G:
             b_rsa += _row_sums(b_dsta, BT=BT)
             b_rsb += _row_sums(b_dstb, BT=BT)
-    for i_j in range(hi_a, tl.where(b_exists, hi_b, hi_a) + 1):
-        b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edge(
-            b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, i_j, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T,
-            W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G)
     o_k = tl.arange(0, BK)
     p_dq = dq + (bos * HQ + i_hq) * K + o_k[None, :]
     o_t = ta + tl.arange(0, BQ)
