@@ -204,10 +204,17 @@ def _five_extra(D: int, dtype, t):
     bk = max(16, triton.next_power_of_2(D))
     dq = dict(k=t(), ds=t(), dq=t(), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D,
               BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1)
+    f32 = torch.float32
+    fwd = dict(q=t(), k=t(), v=t(), o=t(), o_lo=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=t(f32),
+               sink_bias=None, cu_seqlens=None, chunk_indices=None, scale=0.1, T=100, W=100, NTOK=100, B=1, Q0=None,
+               HQ=32, H=4, G=8, K=D, V=D, BK=bk, BV=bk, DOT_PREC="tf32", CONTAIN=1)
+    delta = dict(o=t(), o_lo=None, do=t(), delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
     return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None), "dkv"),
-            ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(torch.float32)), "dkv"),
-            ("delta", F.delta_kernel, dict(o=t(), o_lo=None, do=t(), delta=t(torch.float32), R=1000, NTOK=100,
-                                           HQ=32, V=D, BR=4096 // bk, BV=bk), "dkv")]
+            ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(f32)), "dkv"),
+            ("delta", F.delta_kernel, delta, "dkv"),
+            # a gated five-product call's forward (the FLAG launch of long rows) stores o_lo; its delta reads it
+            ("fwd_o_lo_gated[flag]", P.parallel_attn_fwd_kernel, fwd, "fwd"),
+            ("delta_o_lo", F.delta_kernel, dict(delta, o_lo=t()), "dkv")]
 
 
 def parse_override(text):

@@ -54,10 +54,9 @@ DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
 # there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost, shorter rows are host-bound.
 FIVE_PRODUCT_MIN_T = 2048
 # Whether "auto" takes it for gated calls too (where the Hopper kernel runs them, in eager calls whose forward then
-# makes o's rounding residual, `from_ds.needs_exact_o`). The backward alone ran faster on the H200 (gqa4-long-gated
-# 546 against 650 us, g8-T8192-gated 3076 against 4078), forward + backward slower at T = 2048 (950 against 865: the
-# forward's extra product), and the GPU suite has not run on this code (PERF.md #47): off.
-FIVE_PRODUCT_GATED = False
+# stores o's rounding residual, `from_ds.needs_exact_o`): faster than seven products on the H200, backward alone and
+# forward + backward (PERF.md #47, #49, #50).
+FIVE_PRODUCT_GATED = True
 # From this length on "auto" runs the five-product backward's dK/dV on the Hopper kernel (`gluon_dkv`, where it can):
 # its kernels win on every row (33-96 us at T = 2048), and eager T = 2048 calls follow them: interleaved with
 # Triton's blocks, no Hopper block stalled on the host more than Triton's (PERF.md #42w, #42x, #43, #44).

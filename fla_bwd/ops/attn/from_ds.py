@@ -247,11 +247,11 @@ def eligible(s) -> bool:
 
 def needs_exact_o(s, dense: bool, forced_dkv: str, aligned: bool) -> bool:
     """Whether the forward of a call of Shape s must make o's rounding residual o_lo (`host.add_fwd`): a gated call
-    whose backward, with the settings of now, takes five products. Its delta must then be rowsum(P * dP) to fp32
-    precision, as the seven-product dQ kernel's refined delta is for dK and dg: from the rounded o, dk and dg come
-    out about twice as far from the oracle (3.6e-3 against 2.6e-3 at g8-T8192-gated, and past the 5e-3 bar on
-    sharp rows: B1 T130 D64 scale 0.5 gave dk 5.6e-3, dg 5.3e-3; PERF.md #47). rowsum((o + o_lo) * dO) is that sum
-    (P @ V, then dO) at the cost of one product in the forward where the seven-product dQ kernel spends two."""
+    whose backward, with the settings of now, takes five products. Its delta must then be rowsum(dO * o) with o in
+    fp32 (the value the forward accumulates, before it rounds o to 16 bits): from the rounded o, dk and dg come out
+    about twice as far from the oracle (3.6e-3 against 2.6e-3 at g8-T8192-gated, and past the 5e-3 bar on sharp
+    rows: B1 T130 D64 scale 0.5 gave dk 5.6e-3, dg 5.3e-3; with o_lo 2.8e-3 and 2.5e-3; PERF.md #47, #50). The cost
+    is one more 16-bit store of o's size in the forward."""
     if s.g_dtype is None:
         return False
     try:

@@ -204,13 +204,11 @@ def fwd_block(
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
-    EXACT_O: tl.constexpr,
 ):
     """One key block of the online softmax: fold keys [i_s, i_s + BS) into (b_o, b_m, b_l). With gates, b_gk is
     this block's key-side gc, loaded one block ahead (see `key_gate`); the next block's is returned. FULL: every key
     of the block exists (see `load_rows`). SAFE: keep non-finite inputs out of the rows that do not depend on them
-    (see `any_nonfinite`). EXACT_O: P @ V as (P rounded to v's dtype) @ V + (P's rounding residual) @ V, so that o
-    is P @ V to ~2**-17 instead of ~2**-9 (the five-product backward's gated delta, `host.add_fwd`)."""
+    (see `any_nonfinite`)."""
     b_gk_next = key_gate(gk_base, i_s + BS, T, BS=BS, USE_G=USE_G)
     o_s = i_s + tl.arange(0, BS)
     # [BK, BS]
@@ -239,8 +237,6 @@ def fwd_block(
             b_v = tl.where(b_zv[:, None] == 0, b_v, 0)
             b_p = tl.where(m_vis, b_p + b_zv[None, :], 0)
     b_o = b_o * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
-    if EXACT_O:
-        b_o += tl.dot((b_p - b_p.to(b_v.dtype).to(tl.float32)).to(b_v.dtype), b_v, input_precision=DOT_PREC)
     return b_o, b_m_new, b_l, b_gk_next
 
 
@@ -248,7 +244,7 @@ def fwd_block(
 def fwd_tile(
     b_q, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, EXACT_O: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
 ):
     """The forward's key loop for the query tile [t0, t0 + BT) over the three `key_ranges`: (o unnormalised,
     running max m, running sum l). Its loads keep their row masks (FULL=False) even where the blocks are full: at
@@ -263,18 +259,15 @@ def fwd_tile(
     for i_s in range(lo, mid, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
             b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, stride_k, stride_v,
-            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            EXACT_O=EXACT_O)
+            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
     for i_s in range(mid, t0, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
             b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, stride_k, stride_v,
-            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            EXACT_O=EXACT_O)
+            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
     for i_s in range(t0, end, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
             b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, stride_k, stride_v,
-            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            EXACT_O=EXACT_O)
+            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
     return b_o, b_m, b_l
 
 

@@ -47,7 +47,7 @@ _HEURISTICS = {
     # position is a query, and the kernels compile to exactly what they were before tail queries existed.
     "TAIL_Q": lambda args: args["Q0"] is not None,
 }
-# The forward also stores o's rounding residual (`inner.fwd_block`'s EXACT_O) where it is given a buffer for it.
+# The forward also stores o's rounding residual (EXACT_O) where it is given a buffer for it.
 _FWD_HEURISTICS = dict(_HEURISTICS, EXACT_O=lambda args: args["o_lo"] is not None)
 
 
@@ -94,9 +94,8 @@ def parallel_attn_fwd_kernel(
     CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, EXACT_O: tl.constexpr,
 ):
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
-    input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: o from the exact P @ V
-    (`inner.fwd_block`), and o_lo (o's shape and dtype) = the fp32 o minus o rounded, so that o + o_lo is the
-    fp32 o to ~2**-17."""
+    input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: also o_lo (o's shape and dtype)
+    = the fp32 o minus o rounded, so that o + o_lo is the fp32 o to ~2**-17."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
@@ -120,13 +119,12 @@ def parallel_attn_fwd_kernel(
     qk_scale = scale * LOG2E
     b_o, b_m, b_l = fwd_tile(
         b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP,
-        EXACT_O=EXACT_O)
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP)
     if CONTAIN == INLINE:
         if any_nonfinite(b_o):
             b_o, b_m, b_l = fwd_tile(
                 b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-                K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=True, EXACT_O=EXACT_O)
+                K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=True)
     if CONTAIN == FLAG:
         tl.store(nonfinite + tl.program_id(0), any_nonfinite(b_o).to(tl.int8))
     if USE_SINK:
