@@ -34,6 +34,7 @@ from triton.compiler import ASTSource
 
 import fla_bwd.ops.attn.parallel as P
 from fla_bwd.ops.attn.config import DQ_FROM_DS_LAUNCH, TILE_CONFIGS, tile_config
+from fla_bwd.ops.attn.inner import FLAG
 
 HOPPER_SMEM_PER_BLOCK = 232448  # 227 KB: cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int8: "i8"}
@@ -193,21 +194,21 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
                  ("dkv_store_ds_split4", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(store, SPLIT=4), "dkv"),
                  ("dkv_store_ds_gated", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
                   dict(store, SPLIT=1, g_cumsum=t(f32), dgc_k=t(f32)), "dkv")]
-    return [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
-            for name, kernel, launch, key in plain for mode in (0, 1, 2)] + (_five_extra(D, dtype, t) if five else [])
+    modes = [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
+             for name, kernel, launch, key in plain for mode in (0, 1, 2)]
+    return modes + (_five_extra(D, dtype, t, base) if five else [])
 
 
-def _five_extra(D: int, dtype, t):
-    """The five-product backward's own kernels (no CONTAIN modes)."""
+def _five_extra(D: int, dtype, t, base: dict):
+    """The five-product backward's own kernels (no CONTAIN modes), and the gated forward that stores o_lo for them
+    (`base`: the forward's and dK/dV kernels' common arguments, `kernels`)."""
     import fla_bwd.ops.attn.from_ds as F
     cfg = tile_config("dkv", D, dtype)
     bk = max(16, triton.next_power_of_2(D))
     dq = dict(k=t(), ds=t(), dq=t(), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D,
               BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1)
     f32 = torch.float32
-    fwd = dict(q=t(), k=t(), v=t(), o=t(), o_lo=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=t(f32),
-               sink_bias=None, cu_seqlens=None, chunk_indices=None, scale=0.1, T=100, W=100, NTOK=100, B=1, Q0=None,
-               HQ=32, H=4, G=8, K=D, V=D, BK=bk, BV=bk, DOT_PREC="tf32", CONTAIN=1)
+    fwd = dict(base, o=t(), o_lo=t(), g_cumsum=t(f32), sink_bias=None, CONTAIN=FLAG.value)
     delta = dict(o=t(), o_lo=None, do=t(), delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
     return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None), "dkv"),
             ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(f32)), "dkv"),
