@@ -137,14 +137,16 @@ def _row_sums(b_dst, BT: tl.constexpr):
 @triton.jit
 def _dq_ds_edges(b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, j0, j1, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
                  b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-                 USE_G: tl.constexpr):
-    """Key tiles [j0, j1) for query blocks qa and qa + 1, where at least one of them does not see a tile whole."""
+                 USE_G: tl.constexpr, WITH_A: tl.constexpr):
+    """Key tiles [j0, j1) for query blocks qa and qa + 1, where at least one of them does not see a tile whole;
+    WITH_A False: tiles past block qa's diagonal, which only qa + 1 sees."""
     for i_j in range(j0, j1):
         # [BT, BK]
         b_k = load_rows(k_base, i_j * BT + tl.arange(0, BT), T, stride_k, N=K, BN=BK, FULL=False)
         b_kf, _ = finite_rows(b_k)
-        b_dqa, b_rsa = _dq_ds_edge_block(b_dqa, b_rsa, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a, True, W,
-                                         BT=BT, BQ=BQ, USE_G=USE_G)
+        if WITH_A:
+            b_dqa, b_rsa = _dq_ds_edge_block(b_dqa, b_rsa, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a, True, W,
+                                             BT=BT, BQ=BQ, USE_G=USE_G)
         b_dqb, b_rsb = _dq_ds_edge_block(b_dqb, b_rsb, ds_base, b_k, b_kf, qa + 1, i_j, lo_b, mid_b, hi_b, b_exists,
                                          W, BT=BT, BQ=BQ, USE_G=USE_G)
     return b_dqa, b_dqb, b_rsa, b_rsb
@@ -195,13 +197,17 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     b_rsb = tl.zeros([16, BQ], dtype=tl.float32)
     m = tl.minimum(tl.maximum(mid_a, mid_b), hi_a)  # [m, hi_a): the tiles both blocks see whole
     # The edges before the bulk loop: a loop after it made ptxas (Triton 3.6) serialize every wgmma of the kernel
-    # (C7515, PERF.md #48). First [lo_a, m) (window edge), then the diagonals.
+    # (C7515, PERF.md #48). First [lo_a, m) (window edge), then block a's diagonal, then the tiles after it, which
+    # only block b sees (block a's products with them were all zeros).
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
         b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, lo_a, m, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T, W,
-        H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G)
+        H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
-        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, hi_a, tl.where(b_exists, hi_b, hi_a) + 1, lo_a, mid_a, hi_a,
-        lo_b, mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G)
+        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, hi_a, hi_a + 1, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
+        b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
+    b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
+        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, hi_a + 1, tl.where(b_exists, hi_b, hi_a) + 1, lo_a, mid_a,
+        hi_a, lo_b, mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=False)
     i_ta = ds_tile_index(qa, 0, W, BQ=BQ, BT=BT)
     i_tb = tl.where(b_exists, ds_tile_index(qa + 1, 0, W, BQ=BQ, BT=BT), i_ta)  # no block b: read a's, store none
     # int32 offsets within a tile from int64 scalar bases: 64-bit offset tensors cost the loop its registers.
