@@ -179,7 +179,6 @@ def test_forward_makes_o_lo_only_for_a_gated_five_product_backward():
     assert (o_lo != 0).float().mean() > 0.5
     ref = run_reference(case, x)["o"].float()
     err, err_lo = error_ratio(ref, o.float()), error_ratio(ref, o.float() + o_lo.float())
-    print(f"o error ratio {err:.3e}, o + o_lo {err_lo:.3e}")
     assert err_lo < err / 2, (err_lo, err)
 
 
