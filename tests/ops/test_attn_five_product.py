@@ -19,7 +19,6 @@ from test_attn_nan import _check_poisoned, _poisoned_run
 import fla_bwd.ops.attn.from_ds as from_ds
 import fla_bwd.ops.attn.host as host
 from fla_bwd.ops.attn import config
-from fla_bwd.ops.attn.config import tile_config
 from fla_bwd.settings import dkv_path, dq_path, ds_kernel
 
 f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
@@ -69,10 +68,9 @@ class ChunkSpy:
 
 
 def _band_bytes(case: Case) -> int:
-    """Bytes of one band of dS tiles (one query head, one batch element) at this case's tiles."""
-    cfg = tile_config("dkv", max(case.K, case.Vd), case.dtype)
+    """Scratch bytes of one band (one query head, one batch element) at this case's tiles (`from_ds.band_bytes`)."""
     W = case.T if case.window is None else min(case.window, case.T)
-    return from_ds.ds_layout(case.T, W, cfg["BS"], cfg["BT"]) * cfg["BS"] * cfg["BT"] * 2
+    return from_ds.band_bytes(case.T, W, max(case.K, case.Vd), case.gate)
 
 
 @pytest.mark.parametrize("case", params(CASES))
