@@ -37,6 +37,7 @@ CPU_CASES = [
     Case(B=1, T=100, HQ=4, H=1, K=64, dtype=f16, gate=True, window=30),
     Case(B=1, T=80, HQ=2, H=2, K=32, dtype=bf16, gate=True, g_dtype=bf16),
     Case(B=1, T=130, HQ=2, H=2, K=64, dtype=bf16, gate=True, scale=0.5),  # sharp rows: delta from o alone failed
+    Case(B=1, T=300, HQ=2, H=1, K=32, dtype=bf16, gate=True, window=100),  # keys of several key-side programs
 ]
 GPU_CASES = [
     Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16),
