@@ -214,7 +214,7 @@ def _five_extra(D: int, dtype, t, base: dict):
             ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(f32), dgk_part=t(f32)),
              "dkv"),
             ("key_side", F.key_side_kernel, dict(dgk_part=t(f32), dgc_k=t(f32), T=100, W=100, G0=2, H=4, G=8,
-                                                 SPLIT=1, CHUNK=2, BT=cfg["BT"], BQ=cfg["BS"], BR=1024,
+                                                 SPLIT=1, CHUNK=2, BT=cfg["BT"], BQ=cfg["BS"], BR=256, BP=16,
                                                  NUM_BANDS=8), "dkv"),
             ("delta", F.delta_kernel, delta, "dkv"),
             # a gated five-product call's forward (the FLAG launch of long rows) stores o_lo; its delta reads it

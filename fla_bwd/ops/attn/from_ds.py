@@ -289,13 +289,14 @@ def parallel_attn_bwd_kernel_dq_from_ds(
 
 @triton.jit(do_not_specialize=["T", "W", "G0"])
 def key_side_kernel(dgk_part, dgc_k, T, W, G0, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
-                    CHUNK: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BR: tl.constexpr,
+                    CHUNK: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
                     NUM_BANDS: tl.constexpr):
     """The key side of the gate's gradient of BR keys of one band of the chunk: dgc_k `[HQ, B * T]` = minus the
     sum of the partial key sums `dgk_part` `[programs, NUM_BANDS, T]` over the dQ-from-dS programs that stored
     them, in program order (fixed: deterministic). Program p (query blocks 2p and 2p + 1) stored key tiles lo(2p)
     (the window's first) to the last its queries see: key tile kj is in the sums of programs
-    kj BT // (2 BQ) .. cdiv((kj + 1) BT + W - 1, 2 BQ) - 1 (`_key_ranges`)."""
+    kj BT // (2 BQ) .. cdiv((kj + 1) BT + W - 1, 2 BQ) - 1 (`_key_ranges`). BP programs' partials a load (one
+    load a program serialized up to T / 128 round trips), summed over them in a fixed tree, then block after block."""
     tl.static_assert(BR % BT == 0, "a block of keys holds whole key tiles")
     i_r, i_band = tl.program_id(0), tl.program_id(1)
     i_b, _, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
@@ -305,11 +306,16 @@ def key_side_kernel(dgk_part, dgc_k, T, W, G0, H: tl.constexpr, G: tl.constexpr,
     p_first = o_j * BT // (2 * BQ)
     p_last = tl.minimum(tl.cdiv((o_j + 1) * BT + W - 1, 2 * BQ), NP) - 1
     j_last = (tl.minimum(i_r * BR + BR, T) - 1) // BT
+    o_p = tl.arange(0, BP)
     # [BR]
     b_acc = tl.zeros([BR], dtype=tl.float32)
-    for i_p in range(i_r * BR // (2 * BQ), tl.minimum(tl.cdiv((j_last + 1) * BT + W - 1, 2 * BQ), NP)):
-        m = (o_s < T) & (i_p >= p_first) & (i_p <= p_last)
-        b_acc += tl.load(dgk_part + (tl.cast(i_p, tl.int64) * NUM_BANDS + i_band) * T + o_s, mask=m, other=0)
+    for i_p in range(i_r * BR // (2 * BQ), tl.minimum(tl.cdiv((j_last + 1) * BT + W - 1, 2 * BQ), NP), BP):
+        o_pp = i_p + o_p
+        m = (o_s < T)[None, :] & (o_pp[:, None] >= p_first[None, :]) & (o_pp[:, None] <= p_last[None, :])
+        # [BP, BR]
+        b_part = tl.load(dgk_part + (o_pp.to(tl.int64)[:, None] * NUM_BANDS + i_band) * T + o_s[None, :], mask=m,
+                         other=0)
+        b_acc += tl.sum(b_part, 0)
     NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
     tl.store(dgc_k + i_hq.to(tl.int64) * NTOK + i_b.to(tl.int64) * T + o_s, -b_acc, mask=o_s < T)
 
@@ -531,7 +537,7 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
                         BK=max(16, next_power_of_2(s.K)), **heads_of, **config.DQ_FROM_DS_LAUNCH)
             if gated:
                 keys = max(BT, 256)  # a program's keys: whole key tiles; 1024 gave 2 programs a band, 9.8 us (#52)
-                plan.launch(key_side_kernel, (cdiv(s.T, keys), bands), dgk_part=dgk_part, dgc_k=dgc_k, BR=keys,
+                plan.launch(key_side_kernel, (cdiv(s.T, keys), bands), dgk_part=dgk_part, dgc_k=dgc_k, BR=keys, BP=16,
                             **heads_of, num_warps=4)
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
