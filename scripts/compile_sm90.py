@@ -83,14 +83,14 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
     sig.update(v_desc=sig["k_desc"], do_desc=sig["q_desc"], delta_desc=sig["lse_desc"], dv_in=sig["dk_in"])
     values = dict(H=4, G=8, SPLIT=split, CHUNK=chunk, **knobs)
     if gated:
-        sig.update(gc_desc=sig["lse_desc"], gc="*fp32", dgc_k="*fp32")
+        sig.update(gc_desc=sig["lse_desc"], gc="*fp32")
     else:
-        values.update(gc_desc=None, gc=None, dgc_k=None)
+        values.update(gc_desc=None, gc=None)
     names = fn.arg_names
     signature = {n: sig.get(n, "constexpr") for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
     attrs = {(names.index(n),): [["tt.divisibility", 16]]
-             for n in ("dk", "dv", "dk_in", "dv_in", "nonfinite", "sched") + (("gc", "dgc_k") if gated else ())}
+             for n in ("dk", "dv", "dk_in", "dv_in", "nonfinite", "sched") + (("gc",) if gated else ())}
     return triton.compile(GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=GD.NUM_WARPS))
 
@@ -193,7 +193,7 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
         plain = [("dkv_store_ds", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(store, SPLIT=1), "dkv"),
                  ("dkv_store_ds_split4", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(store, SPLIT=4), "dkv"),
                  ("dkv_store_ds_gated", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
-                  dict(store, SPLIT=1, g_cumsum=t(f32), dgc_k=t(f32)), "dkv")]
+                  dict(store, SPLIT=1, g_cumsum=t(f32)), "dkv")]
     modes = [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
              for name, kernel, launch, key in plain for mode in (0, 1, 2)]
     return modes + (_five_extra(D, dtype, t, base) if five else [])
@@ -210,8 +210,12 @@ def _five_extra(D: int, dtype, t, base: dict):
     f32 = torch.float32
     fwd = dict(base, o=t(), o_lo=t(), g_cumsum=t(f32), sink_bias=None, CONTAIN=FLAG.value)
     delta = dict(o=t(), o_lo=None, do=t(), delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
-    return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None), "dkv"),
-            ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(f32)), "dkv"),
+    return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None), "dkv"),
+            ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(f32), dgk_part=t(f32)),
+             "dkv"),
+            ("key_side", F.key_side_kernel, dict(dgk_part=t(f32), dgc_k=t(f32), T=100, W=100, G0=2, H=4, G=8,
+                                                 SPLIT=1, CHUNK=2, BT=cfg["BT"], BQ=cfg["BS"], BR=256, BP=16,
+                                                 NUM_BANDS=8), "dkv"),
             ("delta", F.delta_kernel, delta, "dkv"),
             # a gated five-product call's forward (the FLAG launch of long rows) stores o_lo; its delta reads it
             ("fwd_o_lo_gated[flag]", P.parallel_attn_fwd_kernel, fwd, "fwd"),

@@ -19,7 +19,6 @@ from test_attn_nan import _check_poisoned, _poisoned_run
 import fla_bwd.ops.attn.from_ds as from_ds
 import fla_bwd.ops.attn.host as host
 from fla_bwd.ops.attn import config
-from fla_bwd.ops.attn.config import tile_config
 from fla_bwd.settings import dkv_path, dq_path, ds_kernel
 
 f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
@@ -38,6 +37,7 @@ CPU_CASES = [
     Case(B=1, T=100, HQ=4, H=1, K=64, dtype=f16, gate=True, window=30),
     Case(B=1, T=80, HQ=2, H=2, K=32, dtype=bf16, gate=True, g_dtype=bf16),
     Case(B=1, T=130, HQ=2, H=2, K=64, dtype=bf16, gate=True, scale=0.5),  # sharp rows: delta from o alone failed
+    Case(B=1, T=300, HQ=2, H=1, K=32, dtype=bf16, gate=True, window=100),  # keys of several key-side programs
 ]
 GPU_CASES = [
     Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16),
@@ -69,10 +69,9 @@ class ChunkSpy:
 
 
 def _band_bytes(case: Case) -> int:
-    """Bytes of one band of dS tiles (one query head, one batch element) at this case's tiles."""
-    cfg = tile_config("dkv", max(case.K, case.Vd), case.dtype)
+    """Scratch bytes of one band (one query head, one batch element) at this case's tiles (`from_ds.band_bytes`)."""
     W = case.T if case.window is None else min(case.window, case.T)
-    return from_ds.ds_layout(case.T, W, cfg["BS"], cfg["BT"]) * cfg["BS"] * cfg["BT"] * 2
+    return from_ds.band_bytes(case.T, W, max(case.K, case.Vd), case.gate)
 
 
 @pytest.mark.parametrize("case", params(CASES))
@@ -388,3 +387,28 @@ def test_layout_formula_matches_enumeration():
                 tiles, first = _brute_layout(T, W, BQ, BT)
                 assert from_ds.ds_layout(T, W, BQ, BT) == tiles, (T, W, BQ, BT)
                 assert all(from_ds.ds_first_tile(qi, W, BQ, BT) == f for qi, f in first.items()), (T, W, BQ, BT)
+
+
+@pytest.mark.parametrize("T,W,BQ", [(2100, 2100, 32), (2100, 300, 32), (130, 130, 64), (700, 64, 64)])
+def test_key_side_sums_exactly_the_programs_that_stored_each_key(T, W, BQ):
+    """`key_side_kernel` against a float64 sum over the dQ-from-dS programs whose key range holds each key (program
+    p: query blocks 2p, 2p + 1; keys from the window's first tile to the last its queries see), with every entry no
+    program stored poisoned (NaN): each key reads exactly its programs, several blocks of them at the longest T."""
+    BT, B, H, G, CHUNK = 64, 2, 1, 2, 2
+    NP, bands = math.ceil(T / (2 * BQ)), B * H * CHUNK
+    part = torch.full((NP, bands, T), math.nan, dtype=torch.float32)
+    ref = torch.zeros(bands, T, dtype=torch.float64)
+    for p in range(NP):
+        lo = max(2 * p * BQ - W + 1, 0) // BT
+        hi = (min(2 * p * BQ + 2 * BQ, T) - 1) // BT
+        keys = slice(lo * BT, min((hi + 1) * BT, T))
+        part[p, :, keys] = torch.randn(bands, keys.stop - keys.start)
+        ref[:, keys] += part[p, :, keys].double()
+    part = part.to(DEVICE)
+    dgc_k = torch.full((H * G, B * T), math.nan, dtype=torch.float32, device=DEVICE)
+    keys = 256
+    from_ds.key_side_kernel[(math.ceil(T / keys), bands)](
+        part, dgc_k, T, W, 0, H=H, G=G, SPLIT=1, CHUNK=CHUNK, BT=BT, BQ=BQ, BR=keys, BP=16, NUM_BANDS=bands)
+    # band (b, c) -> head c of batch element b (`_band_heads` with H = SPLIT = 1, G0 = 0)
+    got = dgc_k.view(G, B, T).permute(1, 0, 2).reshape(bands, T).double().cpu()
+    torch.testing.assert_close(got, -ref, rtol=1e-6, atol=1e-5)

@@ -134,19 +134,18 @@ def test_plan_step_passes_every_kernel_parameter(acc_in, gated):
     s = _shape(B=1, T=512, W=512, HQ=8, H=2, device=torch.device("cpu"))
     args = {name: Ref(name) for name in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv")}
     args.update(dk_in=Ref("dk_in") if acc_in else None, dv_in=Ref("dv_in") if acc_in else None,
-                nonfinite=Ref("flags"), acc_out=acc_in, gc=Ref("gc") if gated else None,
-                dgc_k=Ref("dgc_k") if gated else None)
+                nonfinite=Ref("flags"), acc_out=acc_in, gc=Ref("gc") if gated else None)
     step = gluon_dkv.HopperDkvLaunch(s, 2, 4, 0, 8, args)
     assert isinstance(step.launch, Launch)
     params = _jit_function(gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper).arg_names
     assert set(step.launch.args) == set(params) | {"num_warps"}
     assert step.launch.args["ACC_IN"] == int(acc_in)
     assert step.launch.args["dk_in"] == (Ref("dk_in") if acc_in else Ref("dk"))
-    gate_args = ("gc_desc", "gc", "dgc_k")
+    gate_args = ("gc_desc", "gc")
     if gated:
-        assert [step.launch.args[n] for n in gate_args] == [Ref(gluon_dkv._DESC + "gc"), Ref("gc"), Ref("dgc_k")]
+        assert [step.launch.args[n] for n in gate_args] == [Ref(gluon_dkv._DESC + "gc"), Ref("gc")]
     else:
-        assert [step.launch.args[n] for n in gate_args] == [None] * 3
+        assert [step.launch.args[n] for n in gate_args] == [None] * 2
 
 
 def test_plan_step_describes_the_inputs():
@@ -156,7 +155,7 @@ def test_plan_step_describes_the_inputs():
 
     B, T, HQ, H, D = 1, 256, 4, 2, 128
     s = _shape(B=B, T=T, W=T, HQ=HQ, H=H, device=torch.device("cpu"))
-    args = dict({n: Ref(n) for n in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv", "gc", "dgc_k")},
+    args = dict({n: Ref(n) for n in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv", "gc")},
                 dk_in=None, dv_in=None, nonfinite=Ref("flags"), acc_out=False)
     step = gluon_dkv.HopperDkvLaunch(s, 1, 2, 0, 8, args)
     env = dict(q=torch.zeros(B, T, HQ, D, dtype=bf16), do=torch.zeros(B, T, HQ, D, dtype=bf16),

@@ -100,14 +100,15 @@ def delta_kernel(o, o_lo, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
-def _dq_ds_edge_block(b_dq, b_rs, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exists, W, BT: tl.constexpr,
+def _dq_ds_edge_block(b_dq, b_rs, b_ks, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exists, W, BT: tl.constexpr,
                       BQ: tl.constexpr, USE_G: tl.constexpr):
     """dq += dS K for query block qi and key tile i_j, which qi may see in part (window edge, diagonal: masked) or
     not at all (outside [lo, hi], or no block qi: its dS loads as 0 and adds exactly 0). b_kf is b_k with its
     non-finite rows zeroed, for the masked and unseen tiles: there the stored dS is 0 where a row cannot see a key,
     and 0 * Inf = NaN would reach rows that do not depend on it (the rows that see a bad key already hold NaN in
     dS, see `inner.finite_rows`); a tile qi sees whole multiplies b_k itself. USE_G: b_rs += the tile's row sums
-    of dS over the keys other than the query itself (`_row_sums`)."""
+    of dS over the keys other than the query itself (`_row_sums`), b_ks += its column sums over the queries other
+    than the key itself (`_key_sums`)."""
     o_r = tl.arange(0, BT)
     o_c = tl.arange(0, BQ)
     seen = exists & (i_j >= lo) & (i_j <= hi)
@@ -116,9 +117,11 @@ def _dq_ds_edge_block(b_dq, b_rs, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exis
     b_dst = tl.load(ds_base + i_tile * (BT * BQ) + o_r[:, None] * BQ + o_c[None, :],
                     mask=o_r[:, None] < tl.where(seen, BT, 0), other=0)
     if USE_G:
-        b_rs += _row_sums(tl.where((i_j * BT + o_r)[:, None] != (qi * BQ + o_c)[None, :], b_dst, 0), BT=BT)
+        b_off = tl.where((i_j * BT + o_r)[:, None] != (qi * BQ + o_c)[None, :], b_dst, 0)
+        b_rs += _row_sums(b_off, BT=BT)
+        b_ks = _key_sums(b_ks, _ones_row(BQ, b_dst.dtype), b_off)
     whole = (i_j >= mid) & (i_j < hi)
-    return b_dq + tl.dot(tl.trans(b_dst), tl.where(whole, b_k, b_kf)), b_rs
+    return b_dq + tl.dot(tl.trans(b_dst), tl.where(whole, b_k, b_kf)), b_rs, b_ks
 
 
 @triton.jit
@@ -135,21 +138,58 @@ def _row_sums(b_dst, BT: tl.constexpr):
 
 
 @triton.jit
-def _dq_ds_edges(b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, j0, j1, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
-                 b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-                 USE_G: tl.constexpr, WITH_A: tl.constexpr):
+def _ones_row(BQ: tl.constexpr, dtype: tl.constexpr):
+    """A [16, BQ] block whose row 0 is ones and the rest 0 (`_key_sums`'s left operand)."""
+    return (tl.zeros([16, BQ], dtype=tl.float32) + tl.where(tl.arange(0, 16) == 0, 1.0, 0.0)[:, None]).to(dtype)
+
+
+@triton.jit
+def _key_sums(b_ks, b_ones, b_dst):
+    """b_ks `[16, BT]` + per key, as its row 0, the sum of a [BT keys, BQ queries] dS^T tile's row (b_ones:
+    `_ones_row`, or zeros for a block that does not exist): the key side of the gate's gradient
+    (`inner.dkv_one_head`: dgc_j gets minus sum_{i>j} dS_ij) from the same 16-bit values as the query side, here
+    rather than in the dK/dV kernel, where the sum cost the Hopper kernel 50 of its 329 us at gqa4-long-gated
+    (PERF.md #52). A product, as `_row_sums`: summed in registers (`tl.sum`) it took the bulk loop from 162 to 404
+    instructions."""
+    return tl.dot(b_ones, tl.trans(b_dst), b_ks)
+
+
+@triton.jit
+def _store_key_sums(p_ks, b_ks, i_j, T, BT: tl.constexpr):
+    """Row 0 of b_ks `[16, BT]` (`_key_sums`): this program's partial key sums of key tile i_j, at p_ks + its keys
+    (`key_side_kernel` adds them up)."""
+    o_s = i_j * BT + tl.arange(0, BT)
+    tl.store(p_ks + o_s[None, :] + tl.zeros([16, 1], dtype=tl.int32), b_ks,
+             mask=(tl.arange(0, 16) == 0)[:, None] & (o_s < T)[None, :])
+
+
+@triton.jit
+def _dq_ds_edges(b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, p_ks, qa, j0, j1, lo_a, mid_a, hi_a, lo_b, mid_b,
+                 hi_b, b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr,
+                 BK: tl.constexpr, USE_G: tl.constexpr, WITH_A: tl.constexpr):
     """Key tiles [j0, j1) for query blocks qa and qa + 1, where at least one of them does not see a tile whole;
-    WITH_A False: tiles past block qa's diagonal, which only qa + 1 sees."""
+    WITH_A False: tiles past block qa's diagonal, which only qa + 1 sees. USE_G: each tile's key sums to p_ks."""
     for i_j in range(j0, j1):
         # [BT, BK]
         b_k = load_rows(k_base, i_j * BT + tl.arange(0, BT), T, stride_k, N=K, BN=BK, FULL=False)
         b_kf, _ = finite_rows(b_k)
+        # [16, BT]: `_key_sums`
+        b_ks = tl.zeros([16, BT], dtype=tl.float32)
         if WITH_A:
-            b_dqa, b_rsa = _dq_ds_edge_block(b_dqa, b_rsa, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a, True, W,
-                                             BT=BT, BQ=BQ, USE_G=USE_G)
-        b_dqb, b_rsb = _dq_ds_edge_block(b_dqb, b_rsb, ds_base, b_k, b_kf, qa + 1, i_j, lo_b, mid_b, hi_b, b_exists,
-                                         W, BT=BT, BQ=BQ, USE_G=USE_G)
+            b_dqa, b_rsa, b_ks = _dq_ds_edge_block(b_dqa, b_rsa, b_ks, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a,
+                                                   True, W, BT=BT, BQ=BQ, USE_G=USE_G)
+        b_dqb, b_rsb, b_ks = _dq_ds_edge_block(b_dqb, b_rsb, b_ks, ds_base, b_k, b_kf, qa + 1, i_j, lo_b, mid_b, hi_b,
+                                               b_exists, W, BT=BT, BQ=BQ, USE_G=USE_G)
+        if USE_G:
+            _store_key_sums(p_ks, b_ks, i_j, T, BT=BT)
     return b_dqa, b_dqb, b_rsa, b_rsb
+
+
+@triton.jit
+def _band_heads(i_band, G0, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr):
+    """(batch element, KV head, query head) of band i_band of a chunk from head G0 (the dK/dV kernel's band order)."""
+    i_b, i_part, i_c = i_band // (H * SPLIT * CHUNK), i_band // CHUNK % (H * SPLIT), i_band % CHUNK
+    return i_b, i_part // SPLIT, i_part * (G // SPLIT) + G0 + i_c
 
 
 @triton.jit
@@ -164,7 +204,7 @@ def _key_ranges(t0, W, BT: tl.constexpr, BQ: tl.constexpr):
 @triton.heuristics({"USE_G": lambda args: args["dgc_q"] is not None})
 @triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dq_from_ds(
-    k, ds, dq, dgc_q, scale, T, W, NTILE, G0,
+    k, ds, dq, dgc_q, dgk_part, scale, T, W, NTILE, G0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
     BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_BANDS: tl.constexpr, USE_G: tl.constexpr,
 ):
@@ -173,12 +213,12 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     (NUM_BANDS = B * H * SPLIT * CHUNK bands of NTILE tiles, the dK/dV kernel's order). Each key tile is
     loaded once for both blocks (the K reads through L2 were the kernel's limit, PERF.md #42l); each block's sum
     runs over its tiles in a fixed order: the window edge and the diagonals (tiles either block sees in part), then
-    the tiles both see whole, in key order within each range. USE_G: also the query side
-    of the gate's gradient into dgc_q `[HQ, B * T]` (fp32, `_row_sums`)."""
+    the tiles both see whole, in key order within each range. USE_G: also the query side of the gate's gradient
+    into dgc_q `[HQ, B * T]` (fp32, `_row_sums`), and per key tile this program's sums of the key side into
+    dgk_part `[programs a band, NUM_BANDS, T]` (fp32, `_key_sums`; `key_side_kernel` adds them up)."""
     i_band = tl.program_id(0) % NUM_BANDS
     i_p = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
-    i_b, i_part, i_c = i_band // (H * SPLIT * CHUNK), i_band // CHUNK % (H * SPLIT), i_band % CHUNK
-    i_h, i_hq = i_part // SPLIT, i_part * (G // SPLIT) + G0 + i_c
+    i_b, i_h, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
     bos = i_b.to(tl.int64) * T
     qa = 2 * i_p
     ta = qa * BQ
@@ -187,6 +227,9 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     b_exists = ta + BQ < T
     ds_base = ds + i_band.to(tl.int64) * NTILE * (BT * BQ)
     k_base = k + (bos * H + i_h) * K
+    p_ks = dgk_part
+    if USE_G:
+        p_ks = dgk_part + (i_p.to(tl.int64) * NUM_BANDS + i_band) * T
     o_r = tl.arange(0, BT)
     o_c = tl.arange(0, BQ)
     # [BQ, BK]
@@ -200,20 +243,22 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     # (C7515, PERF.md #48). First [lo_a, m) (window edge), then block a's diagonal, then the tiles after it, which
     # only block b sees (block a's products with them were all zeros).
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
-        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, lo_a, m, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T, W,
-        H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
-    b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
-        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, hi_a, hi_a + 1, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
+        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, p_ks, qa, lo_a, m, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
         b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
-        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, qa, hi_a + 1, tl.where(b_exists, hi_b, hi_a) + 1, lo_a, mid_a,
-        hi_a, lo_b, mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=False)
+        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, p_ks, qa, hi_a, hi_a + 1, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
+        b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
+    b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
+        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, p_ks, qa, hi_a + 1, tl.where(b_exists, hi_b, hi_a) + 1, lo_a,
+        mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=False)
     i_ta = ds_tile_index(qa, 0, W, BQ=BQ, BT=BT)
     i_tb = tl.where(b_exists, ds_tile_index(qa + 1, 0, W, BQ=BQ, BT=BT), i_ta)  # no block b: read a's, store none
     # int32 offsets within a tile from int64 scalar bases: 64-bit offset tensors cost the loop its registers.
     o_ds = o_r[:, None] * BQ + o_c[None, :]
     o_kr = o_r[:, None] * (H * K) + tl.arange(0, BK)[None, :]
     m_k = (tl.arange(0, BK) < K)[None, :]
+    b_ones = _ones_row(BQ, ds.dtype.element_ty)
+    b_ones_b = tl.where(b_exists, b_ones, tl.zeros_like(b_ones))  # no block b: its tiles are a's, read again
     for i_j in range(m, hi_a):
         # [BT, BK]
         b_k = tl.load(k_base + tl.cast(i_j, tl.int64) * (BT * H * K) + o_kr, mask=m_k, other=0)
@@ -225,6 +270,8 @@ def parallel_attn_bwd_kernel_dq_from_ds(
         if USE_G:
             b_rsa += _row_sums(b_dsta, BT=BT)
             b_rsb += _row_sums(b_dstb, BT=BT)
+            b_ks = _key_sums(tl.zeros([16, BT], dtype=tl.float32), b_ones, b_dsta)
+            _store_key_sums(p_ks, _key_sums(b_ks, b_ones_b, b_dstb), i_j, T, BT=BT)
     o_k = tl.arange(0, BK)
     p_dq = dq + (bos * HQ + i_hq) * K + o_k[None, :]
     o_t = ta + tl.arange(0, BQ)
@@ -238,6 +285,39 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     o_t += BQ
     tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqb * scale).to(dq.dtype.element_ty),
              mask=(o_t < T)[:, None] & (o_k < K)[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "W", "G0"])
+def key_side_kernel(dgk_part, dgc_k, T, W, G0, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
+                    CHUNK: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
+                    NUM_BANDS: tl.constexpr):
+    """The key side of the gate's gradient of BR keys of one band of the chunk: dgc_k `[HQ, B * T]` = minus the
+    sum of the partial key sums `dgk_part` `[programs, NUM_BANDS, T]` over the dQ-from-dS programs that stored
+    them, in program order (fixed: deterministic). Program p (query blocks 2p and 2p + 1) stored key tiles lo(2p)
+    (the window's first) to the last its queries see: key tile kj is in the sums of programs
+    kj BT // (2 BQ) .. cdiv((kj + 1) BT + W - 1, 2 BQ) - 1 (`_key_ranges`). BP programs' partials a load (one
+    load a program serialized up to T / 128 round trips), summed over them in a fixed tree, then block after block."""
+    tl.static_assert(BR % BT == 0, "a block of keys holds whole key tiles")
+    i_r, i_band = tl.program_id(0), tl.program_id(1)
+    i_b, _, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
+    NP = tl.cdiv(T, 2 * BQ)
+    o_s = i_r * BR + tl.arange(0, BR)
+    o_j = o_s // BT
+    p_first = o_j * BT // (2 * BQ)
+    p_last = tl.minimum(tl.cdiv((o_j + 1) * BT + W - 1, 2 * BQ), NP) - 1
+    j_last = (tl.minimum(i_r * BR + BR, T) - 1) // BT
+    o_p = tl.arange(0, BP)
+    # [BR]
+    b_acc = tl.zeros([BR], dtype=tl.float32)
+    for i_p in range(i_r * BR // (2 * BQ), tl.minimum(tl.cdiv((j_last + 1) * BT + W - 1, 2 * BQ), NP), BP):
+        o_pp = i_p + o_p
+        m = (o_s < T)[None, :] & (o_pp[:, None] >= p_first[None, :]) & (o_pp[:, None] <= p_last[None, :])
+        # [BP, BR]
+        b_part = tl.load(dgk_part + (o_pp.to(tl.int64)[:, None] * NUM_BANDS + i_band) * T + o_s[None, :], mask=m,
+                         other=0)
+        b_acc += tl.sum(b_part, 0)
+    NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
+    tl.store(dgc_k + i_hq.to(tl.int64) * NTOK + i_b.to(tl.int64) * T + o_s, -b_acc, mask=o_s < T)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -291,14 +371,23 @@ def _hopper(s, aligned: bool) -> bool:
     return why is None and (forced == "hopper" or s.T >= config.HOPPER_DKV_MIN_T)
 
 
+def band_bytes(T: int, W: int, D: int, gated: bool) -> int:
+    """Scratch bytes of one band (one query head of one batch element): its 16-bit dS tiles and, gated, the dQ
+    kernel's fp32 key sums, T for each of its cdiv(T, 2 BQ) programs (`key_side_kernel`)."""
+    cfg = tile_config("dkv", D)
+    tiles = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"] * cfg["BS"] * 2
+    return tiles + (cdiv(T, 2 * cfg["BS"]) * T * 4 if gated else 0)
+
+
 @functools.lru_cache(maxsize=256)
-def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int, split: int = 1) -> Optional[int]:
-    """Query heads of each share (G / split heads) per chunk: the largest divisor of the share whose dS tiles
-    (B * H * split * chunk bands) fit in `budget` bytes, or None if one head of every share does not fit (then the
-    seven-product backward runs)."""
+def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int, split: int = 1,
+             gated: bool = False) -> Optional[int]:
+    """Query heads of each share (G / split heads) per chunk: the largest divisor of the share whose scratch
+    (B * H * split * chunk bands, `band_bytes`) fits in `budget` bytes, or None if one head of every share does not
+    fit (then the seven-product backward runs)."""
     cfg = tile_config("dkv", D)
     rows = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"]  # a band's rows in the dK/dV kernel's descriptor view
-    band = rows * cfg["BS"] * 2
+    band = band_bytes(T, W, D, gated)
     bands = B * H * split
     for chunk in range(G // split, 0, -1):
         if (G // split) % chunk == 0 and bands * chunk * band <= budget and bands * chunk * rows < 2**31:
@@ -331,10 +420,10 @@ def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
     G = s.HQ // s.H
     if hopper:
         split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
-        chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
+        chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, s.g_dtype is not None)
         return None if chunk is None else FiveProduct(split, chunk, True)
     for split in _busy_splits(s):
-        chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
+        chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, s.g_dtype is not None)
         if chunk is not None:
             return FiveProduct(split, chunk)
     return None
@@ -384,7 +473,7 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
     if hopper and forced_dkv == "auto":
         split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
     budget = settings.ds_budget_bytes()
-    chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split)
+    chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, s.g_dtype is not None)
     if chunk is None:
         raise ValueError(f"dq path 'from-ds': one query head of every KV head's share needs more dS scratch than "
                          f"FLA_BWD_DS_BUDGET_MIB = {budget / 2**20:g} MiB allows")
@@ -412,14 +501,17 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     if R:
         plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if gated else None, do=Ref("do"),
                     delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
-    # The gate's gradient: dQ from dS stores its query side, the dK/dV kernel minus its key side (as seven products).
-    dgc_q = plan.empty("dgc_q", (s.HQ, NTOK), torch.float32) if gated else None
-    if gated:
-        plan.empty("dgc_k", (s.HQ, NTOK), torch.float32)
     ntile = ds_layout(s.T, s.W, BQ, BT)
     NP = s.H * split  # programs a key tile
     bands = s.B * NP * chunk
     ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
+    # The gate's gradient: dQ from dS stores its query side, and partial sums of its key side, which
+    # `key_side_kernel` adds up (both from the stored tiles; the dK/dV kernels compute no gate gradient here).
+    dgc_q = dgc_k = dgk_part = None
+    if gated:
+        dgc_q = plan.empty("dgc_q", (s.HQ, NTOK), torch.float32)
+        dgc_k = plan.empty("dgc_k", (s.HQ, NTOK), torch.float32)
+        dgk_part = plan.empty("dgk_part", (cdiv(s.T, 2 * BQ), bands, s.T), torch.float32)
     # The Hopper kernel runs a chunk a launch; the Triton kernel one or two heads (a head loop spills, #42i).
     heads = chunk if hopper else math.gcd(chunk, 2 if s.T < config.DS_TWO_HEADS_BELOW_T else 1)
     launches = G // split // heads
@@ -437,12 +529,17 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
         add_dkv_launch(plan, s, last_out if last else sums[n % 2], split, hopper, ds=ds, NTILE=ntile, G0=n * heads,
                        CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
         done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
-        if done % chunk == 0 and s.T:  # a whole chunk: its dq rows
+        if done % chunk == 0 and s.T:  # a whole chunk: its dq rows (and the key side of its dgc)
+            heads_of = dict(T=s.T, W=s.W, G0=done - chunk, H=s.H, G=G, SPLIT=split, CHUNK=chunk, BT=BT, BQ=BQ,
+                            NUM_BANDS=bands)
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
-                        dq=dq, dgc_q=dgc_q, scale=s.scale, T=s.T, W=s.W, NTILE=ntile, G0=done - chunk, HQ=s.HQ,
-                        H=s.H, G=G, SPLIT=split, CHUNK=chunk, K=s.K, BT=BT, BQ=BQ, BK=max(16, next_power_of_2(s.K)),
-                        NUM_BANDS=bands, **config.DQ_FROM_DS_LAUNCH)
+                        dq=dq, dgc_q=dgc_q, dgk_part=dgk_part, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
+                        BK=max(16, next_power_of_2(s.K)), **heads_of, **config.DQ_FROM_DS_LAUNCH)
+            if gated:
+                keys = max(BT, 256)  # a program's keys: whole key tiles; 1024 gave 2 programs a band, 9.8 us (#52)
+                plan.launch(key_side_kernel, (cdiv(s.T, keys), bands), dgk_part=dgk_part, dgc_k=dgc_k, BR=keys, BP=16,
+                            **heads_of, num_warps=4)
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
     if gated:
-        add_gate_grad(plan, dgc_q, Ref("dgc_k"), None, s.B, s.B, s.T, s.HQ, s.g_dtype)
+        add_gate_grad(plan, dgc_q, dgc_k, None, s.B, s.B, s.T, s.HQ, s.g_dtype)

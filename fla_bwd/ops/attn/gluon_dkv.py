@@ -81,7 +81,7 @@ def _item(sched, t, L, B, H, SPLIT):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in,
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in,
               dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
               q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
               kv_empty, H, G, SPLIT, CHUNK, ACC_IN):
@@ -114,16 +114,15 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in,
+def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in,
               dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
               q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
               kv_empty, H, G, SPLIT, CHUNK, ACC_IN, i_wg):
     """Consumer warpgroup i_wg: keys [64 i_wg, 64 i_wg + 64) of every item, the four products of each of its
     blocks, its dS^T stores and its item's dK/dV and flags. Its own partition, shared-memory tiles and barrier
     arrivals: the two warpgroups never wait for each other (as one 8-warp partition they met at four barriers an
-    iteration, PERF.md #45). Gated: scores get gc_query - gc_key, and per head the keys' side of the gate's
-    gradient (minus the row sums of the stored 16-bit dS^T, the diagonal left out, `inner.dkv_one_head`) goes to
-    dgc_k `[HQ, B * T]`."""
+    iteration, PERF.md #45). Gated: scores get gc_query - gc_key; the gate's gradient comes from the stored tiles
+    (`from_ds.py`: here its key side cost 50 of 329 us at gqa4-long-gated, PERF.md #52)."""
     USE_G: gl.constexpr = gc is not None
     dtype: gl.constexpr = q_desc.dtype
     o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S))
@@ -154,7 +153,6 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
             if USE_G:
                 g_row = (i_h * G + i_p * (G // SPLIT) + G0 + c).to(gl.int64) * (B * T) + i_b * T + key0
                 b_gk = gl.load(gc + g_row + o_key)
-                acc_dgk = gl.zeros([BH_C], gl.float32, gl.SliceLayout(1, MMA_S))
             for qi in range(2 * m, T // BQ_C):
                 s = i % STAGES_C
                 mbarrier.wait(ready.index(s), (i // STAGES_C) & 1)
@@ -186,16 +184,9 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                     _tma_store(ds_desc, [row + (qi * (qi + 1) // 2 + 2 * m + i_wg) * BQ_C, 0], buf)
                     n_st += 1
                 acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
-                if USE_G:
-                    b_dsf = b_ds.to(gl.float32)
-                    if qi < 2 * m + 2:
-                        b_dsf = gl.where((key0 + o_key)[:, None] != (qi * BQ_C + o_q)[None, :], b_dsf, 0.0)
-                    acc_dgk += gl.sum(b_dsf, axis=1)
                 acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
-            if USE_G:
-                gl.store(dgc_k + g_row + o_key, -acc_dgk)
         mbarrier.arrive(kv_empty.index(0), count=1)
         # The FLAG launch's flag of this 64-key tile (the Triton kernel's program index): dK or dV not finite.
         bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
@@ -207,7 +198,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
 
 @gluon.jit(do_not_specialize=["L", "B", "T", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dkv_ds_hopper(
-    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in, dv_in,
+    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in, dv_in,
     nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, ACC_IN, H: gl.constexpr, G: gl.constexpr,
     SPLIT: gl.constexpr, CHUNK: gl.constexpr,
 ):
@@ -215,8 +206,7 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     layout, bands of NTILE tiles) and the FLAG launch's flags; dk, dv `[B, T, H * SPLIT, D]`, dk times dk_scale
     (the softmax scale, or 1 for the unscaled fp32 sums a next chunk continues), started from dk_in, dv_in where
     ACC_IN (a runtime 0/1: else they are not read), as the Triton kernel's ACC_IN / ACC_OUT. Gated: gc
-    `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view) and the key side of dgc into dgc_k (`_consumer`); ungated:
-    the three are None."""
+    `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view); ungated: both None."""
     gl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BQ_C, D_C], Q_SMEM)
@@ -241,15 +231,15 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     mbarrier.init(kv_empty.index(0), count=2)
     mbarrier.arrive(kv_empty.index(0), count=2)
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
-    wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in, dv_in,
+    wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in, dv_in,
            nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
            q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 0)
-    wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in, dv_in,
+    wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in, dv_in,
            nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
            q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 1)
-    producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dgc_k, dk, dv, dk_in,
+    producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in,
                 dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
                 kv_empty, H, G, SPLIT, CHUNK, ACC_IN)
@@ -354,7 +344,7 @@ class HopperDkvLaunch:
         self.views = tuple((_DESC + name, args[name].name, view, block, layout.value)
                            for name, view, block, layout in table)
         self.launch = Launch(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
-            **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, gc=args["gc"], dgc_k=args["dgc_k"],
+            **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, gc=args["gc"],
             dk=args["dk"], dv=args["dv"],
             dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
             nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,

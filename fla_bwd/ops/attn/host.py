@@ -262,7 +262,7 @@ def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper
         return
     programs = NT * s.B * s.H * split
     gated = s.g_dtype is not None
-    args = dict(args, do=Ref("do"), dk=dk, dv=dv, dgc_k=Ref("dgc_k") if gated else None, lse=Ref("lse"),
+    args = dict(args, do=Ref("do"), dk=dk, dv=dv, dgc_k=None, lse=Ref("lse"),
                 delta=Ref("delta"), g_cumsum=Ref("gc") if gated else None, dsink_partial=None, dsink=None,
                 NUM_PARTIALS=0, SPLIT=split, **five)
     if not hopper:
@@ -272,7 +272,7 @@ def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper
     plan.add(HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
         q=Ref("q"), k=Ref("k"), v=Ref("v"), do=Ref("do"), lse=Ref("lse"), delta=Ref("delta"), ds=five["ds"], dk=dk,
         dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"],
-        gc=args["g_cumsum"], dgc_k=args["dgc_k"])))
+        gc=args["g_cumsum"])))
     plan.launch(parallel_attn_bwd_kernel_dkv_per_kv_head, (programs,), True, nonfinite=Ref("flags"),
                 CONTAIN=FIXUP.value, **args)
 

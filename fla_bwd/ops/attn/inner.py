@@ -433,11 +433,7 @@ def dkv_block(
         b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS,
                                                          USE_G=USE_G)
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
-    if USE_G:
-        if STORE_DS:
-            # The stored 16-bit values, whose row sums dQ from dS takes for the query side: the reverse cumsum of dg
-            # cancels the pairs both sides share only if both sum the same values (PERF.md #47).
-            b_dst = b_dst.to(b_q.dtype).to(tl.float32)
+    if USE_G and not STORE_DS:  # with STORE_DS, dQ from dS sums both sides from the stored tiles (`from_ds.py`)
         if MASK:
             b_dgk += tl.sum(tl.where(o_s[:, None] != o_t[None, :], b_dst, 0), 1)
         else:
@@ -459,7 +455,8 @@ def dkv_one_head(
     its score does not depend on gc (gc_j - gc_j), and its dS is a difference of two nearly equal numbers whenever j
     attends mostly to itself (very negative gates: true dg ~1e-7 against a rounding error of ~1e-6). The dQ kernel
     has already stored the query side, from fp32 row sums and the fp32 delta (see `dq_block`); this stores minus the
-    key side into its own buffer (`dgk_base`), and the reverse cumsum of dg adds the two (`gate_grad`): a plain store,
+    key side into its own buffer (`dgk_base`; with STORE_DS neither: `from_ds.py` sums both from the stored tiles), and
+    the reverse cumsum of dg adds the two (`gate_grad`): a plain store,
     so that a program that recomputes its tile (see `any_nonfinite`) overwrites what it wrote the first time.
     Not the closed form delta_j * p_sink_j of the full query-side sum: exact, but it keeps dS_jj (PERF.md #12).
 
@@ -499,6 +496,6 @@ def dkv_one_head(
             ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
             STORE_DS=STORE_DS)
-    if USE_G:
+    if USE_G and not STORE_DS:
         tl.store(dgk_base + o_s, -b_dgk, mask=m_s)
     return b_dk, b_dv

@@ -302,7 +302,9 @@ def _dkv_heads(
         row_base = i_hq.to(tl.int64) * NTOK + bos
         g_base, dgk_base, b_gk = g_cumsum, dgc_k, 0.0
         if USE_G:
-            g_base, dgk_base = g_cumsum + row_base, dgc_k + row_base
+            g_base = g_cumsum + row_base
+            if not STORE_DS:  # else dQ from dS sums the gate's key side (`from_ds.py`): dgc_k is None
+                dgk_base = dgc_k + row_base
             o_s = s0 + tl.arange(0, BT)
             b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
         ds_tile0 = 0
