@@ -100,8 +100,8 @@ def delta_kernel(o, o_lo, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
-def _dq_ds_edge_block(b_dq, b_rs, b_ks, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exists, W, BT: tl.constexpr,
-                      BQ: tl.constexpr, USE_G: tl.constexpr):
+def _dq_ds_edge_block(b_dq, b_rs, b_ks, b_ones_k, b_ones_q, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exists, W,
+                      BT: tl.constexpr, BQ: tl.constexpr, USE_G: tl.constexpr):
     """dq += dS K for query block qi and key tile i_j, which qi may see in part (window edge, diagonal: masked) or
     not at all (outside [lo, hi], or no block qi: its dS loads as 0 and adds exactly 0). b_kf is b_k with its
     non-finite rows zeroed, for the masked and unseen tiles: there the stored dS is 0 where a row cannot see a key,
@@ -118,54 +118,49 @@ def _dq_ds_edge_block(b_dq, b_rs, b_ks, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi
                     mask=o_r[:, None] < tl.where(seen, BT, 0), other=0)
     if USE_G:
         b_off = tl.where((i_j * BT + o_r)[:, None] != (qi * BQ + o_c)[None, :], b_dst, 0)
-        b_rs += _row_sums(b_off, BT=BT)
-        b_ks = _key_sums(b_ks, _ones_row(BQ, b_dst.dtype), b_off)
+        b_rs = _row_sums(b_rs, b_off, b_ones_k)
+        b_ks = _key_sums(b_ks, b_off, b_ones_q)
     whole = (i_j >= mid) & (i_j < hi)
     return b_dq + tl.dot(tl.trans(b_dst), tl.where(whole, b_k, b_kf)), b_rs, b_ks
 
 
 @triton.jit
-def _row_sums(b_dst, BT: tl.constexpr):
-    """Per query, the sums of a [BT keys, BQ queries] dS^T tile's entries, as row 0 of a [16, BQ] fp32 block (the
-    rest 0): the query side of the gate's gradient (`inner.dkv_one_head`: dgc_i gets sum_{j<i} dS_ij), from the
-    16-bit tiles that dq reads. A product of a row of ones (registers) with the tile: summed over the keys, which
-    lie across the warps, a tl.sum went through shared memory every tile and made the kernel 2.4x slower, and ones
-    as the shared-memory operand were stored and fenced every tile (PERF.md #47)."""
-    o_r = tl.arange(0, 16)
-    # [16, BT]
-    b_ones = (tl.zeros([16, BT], dtype=tl.float32) + tl.where(o_r == 0, 1.0, 0.0)[:, None]).to(b_dst.dtype)
-    return tl.dot(b_ones, b_dst)
+def _ones_column(N: tl.constexpr, dtype: tl.constexpr):
+    """A [N, 16] block whose column 0 is ones and the rest 0: the right operand of `_row_sums` and `_key_sums`,
+    made once a program so that the compiler's shared-memory copy of it is made once too (then a tile's sums are
+    wgmma of the tile already in shared memory; ones made a tile were stored and fenced every tile, PERF.md #47)."""
+    return (tl.zeros([N, 16], dtype=tl.float32) + tl.where(tl.arange(0, 16) == 0, 1.0, 0.0)[None, :]).to(dtype)
 
 
 @triton.jit
-def _ones_row(BQ: tl.constexpr, dtype: tl.constexpr):
-    """A [16, BQ] block whose row 0 is ones and the rest 0 (`_key_sums`'s left operand)."""
-    return (tl.zeros([16, BQ], dtype=tl.float32) + tl.where(tl.arange(0, 16) == 0, 1.0, 0.0)[:, None]).to(dtype)
+def _row_sums(b_rs, b_dst, b_ones):
+    """b_rs `[BQ, 16]` + per query, as its column 0, the sum of a [BT keys, BQ queries] dS^T tile's column: the
+    query side of the gate's gradient (`inner.dkv_one_head`: dgc_i gets sum_{j<i} dS_ij), from the 16-bit tiles
+    that dq reads, as dS times `_ones_column` (summed over the keys, which lie across the warps, a tl.sum went
+    through shared memory every tile and made the kernel 2.4x slower, PERF.md #47)."""
+    return tl.dot(tl.trans(b_dst), b_ones, b_rs)
 
 
 @triton.jit
-def _key_sums(b_ks, b_ones, b_dst):
-    """b_ks `[16, BT]` + per key, as its row 0, the sum of a [BT keys, BQ queries] dS^T tile's row (b_ones:
-    `_ones_row`, or zeros for a block that does not exist): the key side of the gate's gradient
-    (`inner.dkv_one_head`: dgc_j gets minus sum_{i>j} dS_ij) from the same 16-bit values as the query side, here
-    rather than in the dK/dV kernel, where the sum cost the Hopper kernel 50 of its 329 us at gqa4-long-gated
-    (PERF.md #52). A product, as `_row_sums`: summed in registers (`tl.sum`) it took the bulk loop from 162 to 404
-    instructions."""
-    return tl.dot(b_ones, tl.trans(b_dst), b_ks)
+def _key_sums(b_ks, b_dst, b_ones):
+    """b_ks `[BT, 16]` + per key, as its column 0, the sum of a [BT keys, BQ queries] dS^T tile's row: the key side
+    of the gate's gradient (`inner.dkv_one_head`: dgc_j gets minus sum_{i>j} dS_ij) from the same 16-bit values
+    as the query side, here rather than in the dK/dV kernel, where the sum cost the Hopper kernel 50 of its 329 us
+    at gqa4-long-gated (PERF.md #52); dS^T times `_ones_column`."""
+    return tl.dot(b_dst, b_ones, b_ks)
 
 
 @triton.jit
 def _store_key_sums(p_ks, b_ks, i_j, T, BT: tl.constexpr):
-    """Row 0 of b_ks `[16, BT]` (`_key_sums`): this program's partial key sums of key tile i_j, at p_ks + its keys
-    (`key_side_kernel` adds them up)."""
+    """Column 0 of b_ks `[BT, 16]` (`_key_sums`; the other columns are exact zeros): this program's partial key
+    sums of key tile i_j, at p_ks + its keys (`key_side_kernel` adds them up)."""
     o_s = i_j * BT + tl.arange(0, BT)
-    tl.store(p_ks + o_s[None, :] + tl.zeros([16, 1], dtype=tl.int32), b_ks,
-             mask=(tl.arange(0, 16) == 0)[:, None] & (o_s < T)[None, :])
+    tl.store(p_ks + o_s, tl.sum(b_ks, 1), mask=o_s < T)
 
 
 @triton.jit
-def _dq_ds_edges(b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, p_ks, qa, j0, j1, lo_a, mid_a, hi_a, lo_b, mid_b,
-                 hi_b, b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr,
+def _dq_ds_edges(b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, j0, j1, lo_a, mid_a,
+                 hi_a, lo_b, mid_b, hi_b, b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr,
                  BK: tl.constexpr, USE_G: tl.constexpr, WITH_A: tl.constexpr):
     """Key tiles [j0, j1) for query blocks qa and qa + 1, where at least one of them does not see a tile whole;
     WITH_A False: tiles past block qa's diagonal, which only qa + 1 sees. USE_G: each tile's key sums to p_ks."""
@@ -173,13 +168,13 @@ def _dq_ds_edges(b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, p_ks, qa, j0, j1, 
         # [BT, BK]
         b_k = load_rows(k_base, i_j * BT + tl.arange(0, BT), T, stride_k, N=K, BN=BK, FULL=False)
         b_kf, _ = finite_rows(b_k)
-        # [16, BT]: `_key_sums`
-        b_ks = tl.zeros([16, BT], dtype=tl.float32)
+        # [BT, 16]: `_key_sums`
+        b_ks = tl.zeros([BT, 16], dtype=tl.float32)
         if WITH_A:
-            b_dqa, b_rsa, b_ks = _dq_ds_edge_block(b_dqa, b_rsa, b_ks, ds_base, b_k, b_kf, qa, i_j, lo_a, mid_a, hi_a,
-                                                   True, W, BT=BT, BQ=BQ, USE_G=USE_G)
-        b_dqb, b_rsb, b_ks = _dq_ds_edge_block(b_dqb, b_rsb, b_ks, ds_base, b_k, b_kf, qa + 1, i_j, lo_b, mid_b, hi_b,
-                                               b_exists, W, BT=BT, BQ=BQ, USE_G=USE_G)
+            b_dqa, b_rsa, b_ks = _dq_ds_edge_block(b_dqa, b_rsa, b_ks, b_ones_k, b_ones_q, ds_base, b_k, b_kf, qa,
+                                                   i_j, lo_a, mid_a, hi_a, True, W, BT=BT, BQ=BQ, USE_G=USE_G)
+        b_dqb, b_rsb, b_ks = _dq_ds_edge_block(b_dqb, b_rsb, b_ks, b_ones_k, b_ones_q, ds_base, b_k, b_kf, qa + 1,
+                                               i_j, lo_b, mid_b, hi_b, b_exists, W, BT=BT, BQ=BQ, USE_G=USE_G)
         if USE_G:
             _store_key_sums(p_ks, b_ks, i_j, T, BT=BT)
     return b_dqa, b_dqb, b_rsa, b_rsb
@@ -235,30 +230,33 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     # [BQ, BK]
     b_dqa = tl.zeros([BQ, BK], dtype=tl.float32)
     b_dqb = tl.zeros([BQ, BK], dtype=tl.float32)
-    # [16, BQ]: `_row_sums`
-    b_rsa = tl.zeros([16, BQ], dtype=tl.float32)
-    b_rsb = tl.zeros([16, BQ], dtype=tl.float32)
+    # [BQ, 16]: `_row_sums`
+    b_rsa = tl.zeros([BQ, 16], dtype=tl.float32)
+    b_rsb = tl.zeros([BQ, 16], dtype=tl.float32)
+    # [BT, 16]
+    # [BT, 16] and [BQ, 16]: `_ones_column` (one block where BT = BQ)
+    b_ones_k = _ones_column(BT, ds.dtype.element_ty)
+    b_ones_q = _ones_column(BQ, ds.dtype.element_ty)
     m = tl.minimum(tl.maximum(mid_a, mid_b), hi_a)  # [m, hi_a): the tiles both blocks see whole
     # The edges before the bulk loop: a loop after it made ptxas (Triton 3.6) serialize every wgmma of the kernel
     # (C7515, PERF.md #48). First [lo_a, m) (window edge), then block a's diagonal, then the tiles after it, which
     # only block b sees (block a's products with them were all zeros).
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
-        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, p_ks, qa, lo_a, m, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
-        b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
+        b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, lo_a, m, lo_a, mid_a, hi_a, lo_b,
+        mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
-        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, p_ks, qa, hi_a, hi_a + 1, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
-        b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
+        b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, hi_a, hi_a + 1, lo_a, mid_a, hi_a,
+        lo_b, mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
-        b_dqa, b_dqb, b_rsa, b_rsb, ds_base, k_base, p_ks, qa, hi_a + 1, tl.where(b_exists, hi_b, hi_a) + 1, lo_a,
-        mid_a, hi_a, lo_b, mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=False)
+        b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, hi_a + 1,
+        tl.where(b_exists, hi_b, hi_a) + 1, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
+        b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=False)
     i_ta = ds_tile_index(qa, 0, W, BQ=BQ, BT=BT)
     i_tb = tl.where(b_exists, ds_tile_index(qa + 1, 0, W, BQ=BQ, BT=BT), i_ta)  # no block b: read a's, store none
     # int32 offsets within a tile from int64 scalar bases: 64-bit offset tensors cost the loop its registers.
     o_ds = o_r[:, None] * BQ + o_c[None, :]
     o_kr = o_r[:, None] * (H * K) + tl.arange(0, BK)[None, :]
     m_k = (tl.arange(0, BK) < K)[None, :]
-    b_ones = _ones_row(BQ, ds.dtype.element_ty)
-    b_ones_b = tl.where(b_exists, b_ones, tl.zeros_like(b_ones))  # no block b: its tiles are a's, read again
     for i_j in range(m, hi_a):
         # [BT, BK]
         b_k = tl.load(k_base + tl.cast(i_j, tl.int64) * (BT * H * K) + o_kr, mask=m_k, other=0)
@@ -268,10 +266,11 @@ def parallel_attn_bwd_kernel_dq_from_ds(
         b_dqa += tl.dot(tl.trans(b_dsta), b_k)
         b_dqb += tl.dot(tl.trans(b_dstb), b_k)
         if USE_G:
-            b_rsa += _row_sums(b_dsta, BT=BT)
-            b_rsb += _row_sums(b_dstb, BT=BT)
-            b_ks = _key_sums(tl.zeros([16, BT], dtype=tl.float32), b_ones, b_dsta)
-            _store_key_sums(p_ks, _key_sums(b_ks, b_ones_b, b_dstb), i_j, T, BT=BT)
+            b_rsa = _row_sums(b_rsa, b_dsta, b_ones_k)
+            b_rsb = _row_sums(b_rsb, b_dstb, b_ones_k)
+            b_ks = _key_sums(tl.zeros([BT, 16], dtype=tl.float32), b_dsta, b_ones_q)
+            b_ks = tl.where(b_exists, _key_sums(b_ks, b_dstb, b_ones_q), b_ks)  # no block b: its tiles are a's again
+            _store_key_sums(p_ks, b_ks, i_j, T, BT=BT)
     o_k = tl.arange(0, BK)
     p_dq = dq + (bos * HQ + i_hq) * K + o_k[None, :]
     o_t = ta + tl.arange(0, BQ)
@@ -280,8 +279,8 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     if USE_G:
         NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
         p_dgc = dgc_q + i_hq.to(tl.int64) * NTOK + bos + o_t
-        tl.store(p_dgc, tl.sum(b_rsa, 0), mask=o_t < T)
-        tl.store(p_dgc + BQ, tl.sum(b_rsb, 0), mask=o_t + BQ < T)
+        tl.store(p_dgc, tl.sum(b_rsa, 1), mask=o_t < T)
+        tl.store(p_dgc + BQ, tl.sum(b_rsb, 1), mask=o_t + BQ < T)
     o_t += BQ
     tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqb * scale).to(dq.dtype.element_ty),
              mask=(o_t < T)[:, None] & (o_k < K)[None, :])
