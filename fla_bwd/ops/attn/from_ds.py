@@ -10,7 +10,8 @@ tile, summed in a fixed order (deterministic, no atomics). In order:
 2. per chunk of query heads (`ds_chunk`): the dK/dV kernel with STORE_DS over those heads of every group's share
    (each group's heads dealt to `split` programs a key tile, `FiveProduct`), one or two heads a launch
    (`config.DS_TWO_HEADS_BELOW_T`), carrying fp32 dK/dV sums from launch to launch (bitwise the sums of one launch:
-   the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the chunk's dq rows;
+   the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the chunk's dq rows
+   (gated: and `key_side_kernel`, which adds up the dQ kernel's partial key sums);
 3. with a split, the shares' fp32 partials summed in order (`add_group_sum`, as the seven-product split paths).
 
 Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk) a band of NTILE tiles; tile
@@ -19,9 +20,10 @@ key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/
 only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT.
 
 With a gate, delta comes from o plus the forward's rounding residual o_lo (`needs_exact_o`); dQ from dS also sums
-the query side of the gate's gradient from the stored 16-bit tiles, and the dK/dV kernel its key side from the same
-rounded values: the reverse cumsum of dg then cancels the pairs both sides share exactly, as it does in seven
-products, where both sides are fp32 (PERF.md #47).
+both sides of the gate's gradient from the stored 16-bit tiles (the query side per row, the key side as per-program
+partial sums that `key_side_kernel` adds in program order; the dK/dV kernels compute none of it, PERF.md #52, #53):
+the reverse cumsum of dg then cancels the pairs both sides share exactly, as it does in seven products, where both
+sides are fp32 (PERF.md #47).
 
 Scope: dense (no cu_seqlens), 16-bit q/k/v, head dims up to 128, no sink; gated calls only where the forward made
 o_lo (eager calls, `host.forward`'s for_backward). "auto" takes it where it
