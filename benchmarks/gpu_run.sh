@@ -50,7 +50,7 @@ ITERS=${ITERS:-10}
 REPEATS=${REPEATS:-5}
 PEERS=${PEERS:-flex,sdpa-cudnn,sdpa-fa2,fla,fa3}
 SHAPES=${SHAPES:-all}
-if [ "$SHAPES" = all ] || [ -n "$PART" ]; then OVERHEAD_SHAPES=${OVERHEAD_SHAPES-mha-short,gqa4-short}; else OVERHEAD_SHAPES=${OVERHEAD_SHAPES-}; fi
+if [ "$SHAPES" = all ] || [ -n "$PART" ]; then OVERHEAD_SHAPES=${OVERHEAD_SHAPES-mha-short,gqa4-short,mha-long,mha-long-fp16,gqa4-long,gqa4-long-gated}; else OVERHEAD_SHAPES=${OVERHEAD_SHAPES-}; fi
 OVERHEAD_ARGS=()
 [ -n "$OVERHEAD_SHAPES" ] && OVERHEAD_ARGS=(--overhead "$OVERHEAD_SHAPES")
 PART_ARGS=()

@@ -180,6 +180,24 @@ def test_aggregate_and_checks():
     assert "GATE RED" in red and "A/B legacy/auto (dispatch" not in red and "(1.50x)" not in red
 
 
+def test_gated_check_adds_the_graph_kernel_ratio_where_both_twins_have_one():
+    """With host-overhead figures on both twins, a second check gives their CUDA-graph kernel ratio (here 1.10 eager,
+    1.20 by kernels: a fail the eager line alone would hide); with one twin's missing, only the eager check."""
+    data = synthetic()
+    by = {r["shape"]["name"]: r for r in data["results"]}
+    for name, graph in (("g8-T8192", 2500.0), ("g8-T8192-gated", 3000.0)):
+        by[name]["modes"]["bwd"]["candidates"]["fla_bwd"]["overhead"] = {"graph_bwd_us": graph}
+    got = {c["check"]: c for c in summary.checks(data["results"], ["bwd", "fwdbwd"])}
+    graph = got["gated/ungated g8-T8192-gated vs g8-T8192, graph kernels (bwd)"]
+    assert graph["ratio"] == pytest.approx(1.2) and not graph["pass"]
+    assert got["gated/ungated g8-T8192-gated vs g8-T8192 (bwd)"]["pass"]
+    assert not any("graph" in c and c.endswith("(fwdbwd)") for c in got)  # no fwdbwd graph figures were given
+    assert "graph kernels (bwd): 1.200 > 1.15 -> FAIL" in "\n".join(summary.check_lines({"checks": list(got.values())}))
+    del by["g8-T8192"]["modes"]["bwd"]["candidates"]["fla_bwd"]["overhead"]
+    assert [c["check"] for c in summary.checks(data["results"], ["bwd"])] == [
+        "gated/ungated g8-T8192-gated vs g8-T8192 (bwd)"]
+
+
 def test_row_kinds_answer_and_check_wording():
     kinds = {s.name: summary.row_kind(s.as_dict()) for s in registry.SHAPES}
     assert kinds["g8-T8192"] == kinds["ctl-K128-V64-g8-T2048"] == "dense GQA" and kinds["mha-long"] == "MHA"
