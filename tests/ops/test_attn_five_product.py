@@ -412,3 +412,20 @@ def test_key_side_sums_exactly_the_programs_that_stored_each_key(T, W, BQ):
     # band (b, c) -> head c of batch element b (`_band_heads` with H = SPLIT = 1, G0 = 0)
     got = dgc_k.view(G, B, T).permute(1, 0, 2).reshape(bands, T).double().cpu()
     torch.testing.assert_close(got, -ref, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("W", [300, 100])
+def test_band_bytes_is_what_a_band_allocates(gated, W):
+    """`band_bytes`, which the dS budget divides by (`ds_chunk`), against the scratch that
+    `add_five_product_backward` allocates for its bands: the dS tiles and, gated, the dQ kernel's key-side partials."""
+    from fla_bwd.ops.utils.launch import Empty, Plan
+
+    s = _shape(B=2, T=300, HQ=4, H=2, K=64, V=64, W=W, g_dtype=bf16 if gated else None)
+    five = from_ds.FiveProduct(split=1, chunk=2)
+    plan = Plan(torch.device(DEVICE))
+    from_ds.add_five_product_backward(plan, s, five, lambda *args, **kwargs: None)
+    size = {st.name: math.prod(st.shape) * st.dtype.itemsize for st in plan.steps if isinstance(st, Empty)}
+    assert ("dgk_part" in size) == gated
+    bands = s.B * s.H * five.split * five.chunk
+    assert size["ds"] + size.get("dgk_part", 0) == bands * from_ds.band_bytes(s.T, s.W, 64, gated)
