@@ -16,10 +16,11 @@
 # or, unsplit (too long for one 10-minute command with every peer): bash benchmarks/gpu_run.sh
 # Installs the carried peer wheels into /tmp/site, runs the correctness gate and the shapes (bwd and fwdbwd; fwd on
 # the forward control) with the dispatch-vs-legacy A/B and all peers, then writes into $OUT:
-#     summary[-partK].json  summary[-partK].md  peer_ratios[-partK].png  logs/{run[-partK],report,pip,env,plan}.log
+#     summary[-partK].json  summary[-partK].md  peer_ratios[-partK].png  logs/{run[-partK],prewarm[-partK],report,pip,env,plan}.log
 # and prints the backward-alone table last. Finishes in about BENCH_TOTAL_S seconds at most (default 540 for a
 # part, 450 unsplit). Knobs (environment): PART, PARTS, GATE (auto|run|defer), GATE_STAMP, GATE_WORKERS,
-# BENCH_COMMIT, BENCH_TOTAL_S, GATE_TIMEOUT_S, ITERS, REPEATS, PEERS, SHAPES, OVERHEAD_SHAPES.
+# BENCH_COMMIT, BENCH_TOTAL_S, GATE_TIMEOUT_S, ITERS, REPEATS, PEERS, SHAPES, OVERHEAD_SHAPES, PREWARM (1: fill
+# Triton's cache for the part's shapes first, benchmarks/tools/prewarm.py; 0: not), PREWARM_WORKERS, PREWARM_TIMEOUT_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -50,13 +51,21 @@ ITERS=${ITERS:-10}
 REPEATS=${REPEATS:-5}
 PEERS=${PEERS:-flex,sdpa-cudnn,sdpa-fa2,fla,fa3}
 SHAPES=${SHAPES:-all}
-if [ "$SHAPES" = all ] || [ -n "$PART" ]; then OVERHEAD_SHAPES=${OVERHEAD_SHAPES-mha-short,gqa4-short,mha-long,mha-long-fp16,gqa4-long,gqa4-long-gated}; else OVERHEAD_SHAPES=${OVERHEAD_SHAPES-}; fi
+# Whole-step CUDA-graph kernel times beside the eager medians: the short rows, and every T = 2048 row that issue 18's
+# bars name or that sits at the host/GPU line on the H200's host (its eager median then carries host time).
+HOST_LINE_ROWS=mha-short,gqa4-short,mha-long,mha-long-fp16,gqa4-long,gqa4-long-gated,g2-T2048-D128,g8-T2048-D128
+HOST_LINE_ROWS+=,ctl-g16-T2048,ctl-K128-V64-g8-T2048,g8-T2048-D64
+if [ "$SHAPES" = all ] || [ -n "$PART" ]; then OVERHEAD_SHAPES=${OVERHEAD_SHAPES-$HOST_LINE_ROWS}; else OVERHEAD_SHAPES=${OVERHEAD_SHAPES-}; fi
 OVERHEAD_ARGS=()
 [ -n "$OVERHEAD_SHAPES" ] && OVERHEAD_ARGS=(--overhead "$OVERHEAD_SHAPES")
 PART_ARGS=()
 [ -n "$PART" ] && PART_ARGS=(--part "$PART/$PARTS")
 if [ "$GATE" = defer ]; then PART_ARGS+=(--defer-gate --gate-stamp "$GATE_STAMP")
 else PART_ARGS+=(--gate-stamp "$GATE_STAMP"); fi
+PREWARM=${PREWARM:-1}
+PREWARM_TIMEOUT=${PREWARM_TIMEOUT_S:-200}  # 51-72 s a part with 12-14 workers on 2026-12-04
+PREWARM_WORKERS=${PREWARM_WORKERS:-$(( $(nproc) > 3 ? $(nproc) - 2 : 1 ))}
+case "$PREWARM" in 0|1) ;; *) echo "PREWARM must be 0 or 1, got '$PREWARM'" >&2; exit 2;; esac
 PY=${PYTHON:-python3}
 since() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[gpu_run +$(since)s] $*"; }
@@ -97,7 +106,16 @@ if [ -n "$PART" ]; then
   say "part $PART of $PARTS (gate: $GATE): $(grep "^part $PART/" "$OUT/logs/plan.log")"
 fi
 
-# 2. gate + benchmark. The runner's own budget stops new peers and then new shapes in time; `timeout -s TERM`
+# 2. prewarm: compile this part's kernels (both dK/dV paths) in parallel processes into Triton's cache, which the
+#    gate and the runner then read (the runner compiles one kernel at a time: 10-60 s a row on a cold cache).
+if [ "$PREWARM" = 1 ]; then
+  if [ -n "$PART" ]; then WARM_SHAPES=$($PY -m benchmarks.ops.plan --parts "$PARTS" --part "$PART/$PARTS"); else WARM_SHAPES=$SHAPES; fi
+  timeout -s TERM -k 10 "$PREWARM_TIMEOUT" $PY -m benchmarks.tools.prewarm --shapes "$WARM_SHAPES" \
+    --workers "$PREWARM_WORKERS" > "$OUT/logs/prewarm$TAG.log" 2>&1
+  say "prewarm exit code $? (0 ok, 1 a task failed, 124 stopped): $(tail -n 1 "$OUT/logs/prewarm$TAG.log")"
+fi
+
+# 3. gate + benchmark. The runner's own budget stops new peers and then new shapes in time; `timeout -s TERM`
 #    is the backstop (the runner then summarises what it has); the JSON is rewritten after every shape.
 #    20 s stay for the report after the hard stop; no shape starts in the last 50 s before it (the longest shape).
 LEFT=$(( TOTAL - $(since) - 20 ))
@@ -111,7 +129,7 @@ timeout -s TERM -k 20 "$LEFT" $PY -u -m benchmarks.ops.run --op parallel_attn --
 RC=${PIPESTATUS[0]}
 say "runner exit code $RC (0 ok, 2 usage, 3 gate red, 4 an op error, 124/130 stopped)"
 
-# 3. Markdown table + plot, then the backward-alone table as the very last output
+# 4. Markdown table + plot, then the backward-alone table as the very last output
 ANCHORS=""
 for a in benchmarks/results/anchors-h200-2026-11-29.jsonl shared/anchors/h200-2026-11-29.jsonl; do
   [ -f "$a" ] && ANCHORS="--anchors $a" && break

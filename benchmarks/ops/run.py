@@ -172,6 +172,8 @@ def main(argv=None) -> int:
     from . import bench, runinfo, summary
     from .timing import Timer
 
+    runinfo.pin_triton_cache_dir()  # before any peer compiles: one kernel cache for the gate, prewarm and every row
+
     gate_files = args.gate_file.split(",") if args.gate_file else list(op.gate_files)
     part_index = args.part_info["index"] if args.part_info else 1
     if args.skip_gate:

@@ -15,6 +15,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LOUD = "!" * 100
 
 
+def pin_triton_cache_dir() -> str:
+    """Set TRITON_CACHE_DIR to Triton's own default where it is unset, and return it. Inductor (the Flex peer's
+    torch.compile) points an unset TRITON_CACHE_DIR at its own directory on its first compile, after which this
+    package's kernels miss the cache that the gate, `tools/prewarm.py` or an earlier part filled, and compile again
+    (8-63 s a row in the 2026-12-04 record). Imports triton: call it after TRITON_INTERPRET is decided."""
+    import triton
+
+    return os.environ.setdefault("TRITON_CACHE_DIR", triton.knobs.cache.dir)
+
+
 def run_gate(test_files, timeout_s: float, extra_env: dict = None) -> dict:
     """`pytest -q -x <files>` in a subprocess from the repository root; green only on exit code 0."""
     paths = [f if os.path.isabs(f) else os.path.join(REPO, f) for f in test_files]

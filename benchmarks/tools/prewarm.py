@@ -5,8 +5,9 @@
 The runner compiles every new Triton specialisation on a row's first call, one after another in one process; on
 the H200's host that is most of a benchmark part's time. Each task here is one (shape, dK/dV path) pair: one
 forward and one backward of `parallel_attn` under `dkv_path(path)`, the paths the runner's A/B times ("auto" and
-"legacy"). Nothing is timed or checked: the cache (~/.triton/cache, or TRITON_CACHE_DIR) is the only product, and
-the runner started afterwards on the same machine finds every kernel compiled. Peers are not warmed.
+"legacy"). Nothing is timed or checked: the cache (TRITON_CACHE_DIR, pinned to Triton's default where unset, as the
+runner pins it: `runinfo.pin_triton_cache_dir`) is the only product, and the runner started afterwards on the same
+machine finds every kernel compiled. Peers are not warmed.
 
     python -m benchmarks.tools.prewarm [--shapes all|NAME,...] [--workers 12] [--paths auto,legacy]
     TRITON_INTERPRET=1 python -m benchmarks.tools.prewarm --shapes smoke --workers 2 --device cpu   # self-test
@@ -51,24 +52,28 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="all", help="registry names, comma-separated, or 'all'")
     p.add_argument("--paths", default="auto,legacy", help="dkv_path values to warm, comma-separated")
     p.add_argument("--workers", type=int, default=12, help="worker processes (each compiles on one CPU core)")
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a self-test under TRITON_INTERPRET=1")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="cpu: a self-test under TRITON_INTERPRET=1")
     args = p.parse_args(argv)
     if args.workers < 1:
         raise SystemExit(f"--workers must be >= 1, got {args.workers}")
     sys.path.insert(0, _ROOT)
     from benchmarks.ops.registry import select_shapes
+    from benchmarks.ops.runinfo import pin_triton_cache_dir
+
+    cache_dir = pin_triton_cache_dir()  # the workers inherit it: the cache the runner reads afterwards
 
     shapes = select_shapes(args.shapes)
     paths = [x for x in args.paths.split(",") if x]
-    tasks = [(s.name, path, args.device) for path in paths for s in shapes]  # every shape's first path before any second path
+    tasks = [(s.name, path, args.device) for path in paths for s in shapes]  # every shape's first path first
     t0 = time.time()
     failed = 0
     with mp.get_context("spawn").Pool(processes=min(args.workers, len(tasks))) as pool:
         for name, path, sec, err in pool.imap_unordered(_warm, tasks):
             failed += err is not None
             print(f"[prewarm +{time.time() - t0:.0f}s] {name} [{path}] {sec} s{'  ' + err if err else ''}", flush=True)
-    print(f"[prewarm] {len(tasks)} tasks, {failed} failed, {time.time() - t0:.0f} s with {args.workers} workers",
-          flush=True)
+    print(f"[prewarm] {len(tasks)} tasks, {failed} failed, {time.time() - t0:.0f} s with {args.workers} workers, "
+          f"cache {cache_dir}", flush=True)
     return 1 if failed else 0
 
 

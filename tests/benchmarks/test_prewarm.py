@@ -1,6 +1,7 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """CPU test of benchmarks/tools/prewarm.py: its worker processes run the smoke shape through both dK/dV paths under
-the Triton interpreter, and a shape the op refuses makes the tool exit 1 and name it."""
+the Triton interpreter, and a task that fails (an unknown dK/dV path) makes the tool exit 1 and name it; the
+runner's and the tool's TRITON_CACHE_DIR pin (one kernel cache for both, whatever Inductor sets later)."""
 
 import os
 import subprocess
@@ -26,3 +27,34 @@ def test_prewarm_exits_1_and_names_a_failed_task():
     r = _prewarm("--shapes", "smoke", "--paths", "no-such-path", "--workers", "1")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "smoke [no-such-path]" in r.stdout and "1 tasks, 1 failed" in r.stdout, r.stdout
+
+
+def test_pin_triton_cache_dir_sets_tritons_default_and_keeps_a_users(monkeypatch, tmp_path):
+    sys.path.insert(0, REPO)
+    import triton
+
+    from benchmarks.ops.runinfo import pin_triton_cache_dir
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    default = triton.knobs.cache.dir
+    assert pin_triton_cache_dir() == default and os.environ["TRITON_CACHE_DIR"] == default
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    assert pin_triton_cache_dir() == str(tmp_path) and os.environ["TRITON_CACHE_DIR"] == str(tmp_path)
+
+
+def test_gpu_run_names_only_registered_shapes_and_parses():
+    """gpu_run.sh's default overhead rows are registry names (a typo would silently drop a row's kernel time), and
+    the script passes `bash -n`."""
+    import re
+
+    sys.path.insert(0, REPO)
+    from benchmarks.ops.registry import SHAPES
+
+    script = os.path.join(REPO, "benchmarks", "gpu_run.sh")
+    assert subprocess.run(["bash", "-n", script], capture_output=True).returncode == 0
+    text = open(script).read()
+    rows = []
+    for m in re.finditer(r"^HOST_LINE_ROWS\+?=,?(\S+)$", text, re.M):
+        rows += m.group(1).split(",")
+    assert len(rows) >= 11, rows
+    assert set(rows) <= {s.name for s in SHAPES}, set(rows) - {s.name for s in SHAPES}
