@@ -109,8 +109,9 @@ fi
 # 2. prewarm: compile this part's kernels (both dK/dV paths) in parallel processes into Triton's cache, which the
 #    gate and the runner then read (the runner compiles one kernel at a time: 10-60 s a row on a cold cache).
 if [ "$PREWARM" = 1 ]; then
-  if [ -n "$PART" ]; then WARM_SHAPES=$($PY -m benchmarks.ops.plan --parts "$PARTS" --part "$PART/$PARTS"); else WARM_SHAPES=$SHAPES; fi
-  timeout -s TERM -k 10 "$PREWARM_TIMEOUT" $PY -m benchmarks.tools.prewarm --shapes "$WARM_SHAPES" \
+  WARM_PART=()
+  [ -n "$PART" ] && WARM_PART=(--part "$PART/$PARTS")
+  timeout -s TERM -k 10 "$PREWARM_TIMEOUT" $PY -m benchmarks.tools.prewarm --shapes "$SHAPES" ${WARM_PART[@]+"${WARM_PART[@]}"} \
     --workers "$PREWARM_WORKERS" > "$OUT/logs/prewarm$TAG.log" 2>&1
   say "prewarm exit code $? (0 ok, 1 a task failed, 124 stopped): $(tail -n 1 "$OUT/logs/prewarm$TAG.log")"
 fi

@@ -9,7 +9,7 @@ forward and one backward of `parallel_attn` under `dkv_path(path)`, the paths th
 runner pins it: `runinfo.pin_triton_cache_dir`) is the only product, and the runner started afterwards on the same
 machine finds every kernel compiled. Peers are not warmed.
 
-    python -m benchmarks.tools.prewarm [--shapes all|NAME,...] [--workers 12] [--paths auto,legacy]
+    python -m benchmarks.tools.prewarm [--shapes all|NAME,...] [--part K/N] [--workers 12] [--paths auto,legacy]
     TRITON_INTERPRET=1 python -m benchmarks.tools.prewarm --shapes smoke --workers 2 --device cpu   # self-test
 Exit code 1 when a task failed (each failure is printed with its error).
 """
@@ -50,6 +50,7 @@ def _warm(task):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="all", help="registry names, comma-separated, or 'all'")
+    p.add_argument("--part", default=None, help="K/N: only part K of N of that selection, as the runner's --part")
     p.add_argument("--paths", default="auto,legacy", help="dkv_path values to warm, comma-separated")
     p.add_argument("--workers", type=int, default=12, help="worker processes (each compiles on one CPU core)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
@@ -58,12 +59,19 @@ def main(argv=None) -> int:
     if args.workers < 1:
         raise SystemExit(f"--workers must be >= 1, got {args.workers}")
     sys.path.insert(0, _ROOT)
+    from benchmarks.ops import plan
     from benchmarks.ops.registry import select_shapes
     from benchmarks.ops.runinfo import pin_triton_cache_dir
 
     cache_dir = pin_triton_cache_dir()  # the workers inherit it: the cache the runner reads afterwards
 
     shapes = select_shapes(args.shapes)
+    if args.part:
+        try:
+            k, n = plan.parse_part(args.part)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        shapes = plan.split(shapes, n)[k - 1]  # the runner's split of the same selection
     paths = [x for x in args.paths.split(",") if x]
     tasks = [(s.name, path, args.device) for path in paths for s in shapes]  # every shape's first path first
     t0 = time.time()

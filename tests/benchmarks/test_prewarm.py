@@ -58,3 +58,17 @@ def test_gpu_run_names_only_registered_shapes_and_parses():
         rows += m.group(1).split(",")
     assert len(rows) >= 11, rows
     assert set(rows) <= {s.name for s in SHAPES}, set(rows) - {s.name for s in SHAPES}
+
+
+def test_prewarm_part_warms_the_runners_part_of_the_selection():
+    """`--part K/N` splits the `--shapes` selection as the runner's `--part` does (`plan.split`)."""
+    sys.path.insert(0, REPO)
+    from benchmarks.ops import plan, registry
+
+    names = "smoke,smoke-varlen-gated"
+    want = [s.name for s in plan.split(registry.select_shapes(names), 3)[2]]
+    r = _prewarm("--shapes", names, "--part", "3/3", "--paths", "auto", "--workers", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    warmed = sorted(line.split("] ", 1)[1].split(" [")[0] for line in r.stdout.splitlines() if " [auto] " in line)
+    assert warmed == sorted(want) and len(want) == 1, (warmed, want)
+    assert _prewarm("--part", "3/2").returncode != 0

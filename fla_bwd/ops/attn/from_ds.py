@@ -235,7 +235,6 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     # [BQ, 16]: `_row_sums`
     b_rsa = tl.zeros([BQ, 16], dtype=tl.float32)
     b_rsb = tl.zeros([BQ, 16], dtype=tl.float32)
-    # [BT, 16]
     # [BT, 16] and [BQ, 16]: `_ones_column` (one block where BT = BQ)
     b_ones_k = _ones_column(BT, ds.dtype.element_ty)
     b_ones_q = _ones_column(BQ, ds.dtype.element_ty)
