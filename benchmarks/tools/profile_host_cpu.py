@@ -36,7 +36,9 @@ SHAPES = {
     "gated": dict(B=4, T=512, HQ=32, H=8, D=128, gate=True),
     "sink": dict(B=4, T=512, HQ=32, H=8, D=128, sink=True),
     "varlen": dict(B=1, T=2048, HQ=32, H=8, D=128, cu=(0, 300, 1024, 1500, 2048)),
-    "mha-T1024": dict(B=4, T=1024, HQ=32, H=32, D=128),  # issue 18: compare FLA_BWD_DQ_PATH=recompute / from-ds
+    "mha-T1024": dict(B=4, T=1024, HQ=32, H=32, D=128),
+    "gqa4-long": dict(B=2, T=2048, HQ=32, H=8, D=128),
+    "mha-long": dict(B=2, T=2048, HQ=32, H=32, D=128),  # issue 18: compare FLA_BWD_DQ_PATH=recompute / from-ds
 }
 
 

@@ -13,9 +13,9 @@ built from and on everything Triton specialises a kernel on that a `Ref` can var
 None-ness (fixed by the key), and 16-byte alignment of the tensors it does not allocate itself (`aligned`; torch's
 allocators align what a plan allocates). A `Launch` compiles through Triton's normal path the first time, then
 calls the compiled kernel's C launcher directly (`run`, on the current stream, with every parameter in signature
-order), skipping the runner's per-call launch-metadata dict, which only launch hooks read (PERF.md #20). With a
-launch hook installed (a profiler), under the CPU interpreter, or with FLA_BWD_FAST_LAUNCH=0
-(`fla_bwd.settings.set_fast_launch(False)`), every launch takes Triton's normal path instead.
+order, tensors as their addresses), skipping the runner's per-call launch-metadata dict, which only launch hooks
+read (PERF.md #20). With a launch hook installed (a profiler), under the CPU interpreter, or with
+FLA_BWD_FAST_LAUNCH=0 (`fla_bwd.settings.set_fast_launch(False)`), every launch takes Triton's normal path instead.
 """
 
 import contextlib
@@ -99,7 +99,8 @@ class Launch:
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.args = args
         self.refs = tuple((k, v.name) for k, v in args.items() if isinstance(v, Ref))
-        self.direct = None  # (run, function, packed metadata, values template, (index, name) slots)
+        # (run, function, packed metadata, values template, (index, name) tensor slots, (index, name) other slots)
+        self.direct = None
 
     def kwargs(self, env: dict) -> dict:
         kwargs = dict(self.args)
@@ -110,9 +111,11 @@ class Launch:
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
         direct = self.direct
         if direct is not None and stream is not None:
-            run, function, packed, template, slots = direct
+            run, function, packed, template, pointers, others = direct
             values = template.copy()
-            for i, name in slots:
+            for i, name in pointers:  # the address itself: the C launcher then skips data_ptr() and a driver query
+                values[i] = env[name].data_ptr()
+            for i, name in others:
                 values[i] = env[name]
             run(*self.grid, stream, function, packed, None, None, None, *values)
             return
@@ -120,15 +123,21 @@ class Launch:
             with _interpreted():
                 self.kernel[self.grid](**self.kwargs(env))
             return
-        compiled = self.kernel[self.grid](**self.kwargs(env))
+        kwargs = self.kwargs(env)
+        compiled = self.kernel[self.grid](**kwargs)
         if direct is None and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
             run = compiled.run  # loads the module: `function` is valid after this
             names = _jit_function(self.kernel).arg_names
             template = [self.args.get(n) for n in names]
-            slots = tuple((i, self.args[n].name) for i, n in enumerate(names) if isinstance(self.args.get(n), Ref))
+            slots = [(i, self.args[n].name) for i, n in enumerate(names) if isinstance(self.args.get(n), Ref)]
             for i, _ in slots:
                 template[i] = None
-            self.direct = (run, compiled.function, compiled.packed_metadata, template, slots)
+            # The plan's own tensors (e.g. a schedule) by address too: `self.args` keeps them alive.
+            template = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in template]
+            # A slot bound to a tensor now is one on every call of this plan (its key fixes which inputs are None).
+            pointers = tuple((i, name) for i, name in slots if isinstance(kwargs[names[i]], torch.Tensor))
+            others = tuple(slot for slot in slots if slot not in pointers)
+            self.direct = (run, compiled.function, compiled.packed_metadata, template, pointers, others)
 
 
 def _torch_scratch(size: int, alignment: int, stream: Optional[int]) -> torch.Tensor:

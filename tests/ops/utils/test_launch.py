@@ -72,9 +72,29 @@ def test_plan_compiles_once_then_launches_every_parameter_in_signature_order(fas
     assert len(kernel.normal) == 1 and kernel.normal[0][1]["y"] is y1 and kernel.normal[0][0] == (5, 2, 1)
     env = plan.run(dict(y=y2))
     assert len(kernel.normal) == 1
+    # A tensor goes to the C launcher as its address (an int: no data_ptr() call and no driver query there); what
+    # was not a tensor at the first launch (here the stand-in buffer) goes as it is.
     assert kernel.compiled.direct == [(5, 2, 1, 1234, "fn-handle", "packed", None, None, None,
-                                       ("buffer", (8,)), y2, 300, 0.25, 4)]
+                                       ("buffer", (8,)), y2.data_ptr(), 300, 0.25, 4)]
     assert env["x"] == ("buffer", (8,))
+    y3 = torch.arange(8.0)[2:]
+    plan.run(dict(y=y3))
+    assert kernel.compiled.direct[-1][10] == y3.data_ptr() != y2.data_ptr()
+
+
+def test_a_plans_own_tensor_goes_by_address(fast):
+    """A tensor the plan holds itself (not a `Ref`, e.g. the Hopper kernel's schedule) is passed as its address
+    too, and the plan keeps it alive."""
+    kernel = _Wrapped()
+    plan = launch.Plan(torch.device("cuda", 0))
+    own = torch.arange(4)
+    plan.launch(kernel, (3,), x=own, y=launch.Ref("y"), n=7, scale=1.0, C=2)
+    y = torch.zeros(8)
+    plan.run(dict(y=y))
+    plan.run(dict(y=y))
+    assert kernel.compiled.direct == [(3, 1, 1, 1234, "fn-handle", "packed", None, None, None, own.data_ptr(),
+                                       y.data_ptr(), 7, 1.0, 2)]
+    assert plan.steps[0].args["x"] is own
 
 
 def test_fast_launch_off_or_a_hook_takes_tritons_path(fast):
