@@ -208,7 +208,7 @@ def _five_extra(D: int, dtype, t, base: dict):
     dq = dict(k=t(), ds=t(), dq=t(), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D,
               BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1)
     f32 = torch.float32
-    fwd = dict(base, o=t(), o_lo=t(), g_cumsum=t(f32), sink_bias=None, CONTAIN=FLAG.value)
+    fwd = dict(base, o=t(), o_lo=t(torch.int8), g_cumsum=t(f32), sink_bias=None, CONTAIN=FLAG.value)
     delta = dict(o=t(), o_lo=None, do=t(), delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
     return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None), "dkv"),
             ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(f32), dgk_part=t(f32)),
@@ -219,7 +219,7 @@ def _five_extra(D: int, dtype, t, base: dict):
             ("delta", F.delta_kernel, delta, "dkv"),
             # a gated five-product call's forward (the FLAG launch of long rows) stores o_lo; its delta reads it
             ("fwd_o_lo_gated[flag]", P.parallel_attn_fwd_kernel, fwd, "fwd"),
-            ("delta_o_lo", F.delta_kernel, dict(delta, o_lo=t()), "dkv")]
+            ("delta_o_lo", F.delta_kernel, dict(delta, o_lo=t(torch.int8)), "dkv")]
 
 
 def parse_override(text):

@@ -11,6 +11,8 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import DEVICE, error_ratio
 from helpers import Case, check_against_oracle, make_inputs, params, run_parallel, run_reference
 from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
@@ -19,7 +21,9 @@ from test_attn_nan import _check_poisoned, _poisoned_run
 import fla_bwd.ops.attn.from_ds as from_ds
 import fla_bwd.ops.attn.host as host
 from fla_bwd.ops.attn import config
+from fla_bwd.ops.attn.inner import o_lo_decode, o_lo_encode
 from fla_bwd.settings import dkv_path, dq_path, ds_kernel
+from fla_bwd.utils import interpreter_bf16_fix
 
 f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
 
@@ -173,12 +177,68 @@ def test_forward_makes_o_lo_only_for_a_gated_five_product_backward():
         assert host.forward(*args[:3], None, *args[4:], for_backward=True)[3] is None  # ungated
     with dq_path("recompute"):
         assert host.forward(*args, for_backward=True)[3] is None
-    assert o_lo is not None and o_lo.dtype == o.dtype and o_lo.shape == o.shape
-    assert (o_lo.float().abs() <= o.float().abs() * torch.finfo(o.dtype).eps / 2).all()
+    assert o_lo is not None and o_lo.dtype == torch.int8 and o_lo.shape == o.shape
+    assert o_lo.abs().max() <= 64  # half a 16-bit ulp in 1/128ths
+    exact = _o_lo_decoded(o, o_lo)
+    # At most half an ulp of o, plus the code's own rounding (1/256 of an ulp).
+    assert ((exact - o.float()).abs() <= o.float().abs() * torch.finfo(o.dtype).eps / 2 * (1 + 2**-6)).all()
     assert (o_lo != 0).float().mean() > 0.5
     ref = run_reference(case, x)["o"].float()
-    err, err_lo = error_ratio(ref, o.float()), error_ratio(ref, o.float() + o_lo.float())
+    err, err_lo = error_ratio(ref, o.float()), error_ratio(ref, exact)
     assert err_lo < err / 2, (err_lo, err)
+
+
+_O_LO_SHIFT = {torch.bfloat16: 9, torch.float16: 6}  # o_lo's unit: 2**SHIFT fp32 ulps, 1/128 of a 16-bit ulp
+
+
+def _o_lo_decoded(o, o_lo):
+    """o in fp32 from o and o_lo, in torch: the format `inner.o_lo_encode` documents, read independently of it."""
+    return (o.float().view(torch.int32) + (o_lo.to(torch.int32) << _O_LO_SHIFT[o.dtype])).view(torch.float32)
+
+
+@triton.jit
+def _o_lo_round_trip_kernel(x, r, lo, y, N, BN: tl.constexpr):
+    o_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    b_x = tl.load(x + o_n, mask=m_n, other=0)
+    b_r = b_x.to(r.dtype.element_ty)
+    tl.store(r + o_n, b_r, mask=m_n)
+    tl.store(lo + o_n, o_lo_encode(b_x, b_r), mask=m_n)
+    tl.store(y + o_n, o_lo_decode(tl.load(r + o_n, mask=m_n, other=0), tl.load(lo + o_n, mask=m_n, other=0)),
+             mask=m_n)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_o_lo_round_trip(dtype):
+    """`inner.o_lo_encode` / `o_lo_decode` (the gated forward's int8 record of o's rounding, and delta's read of it)
+    against the format in torch, on random values and edges: signed zeros, values that round across a power of two,
+    rounding ties, the smallest normals and the largest values of o's dtype. The codes are those of the format
+    exactly, and the decoded value is within 2**(SHIFT - 1) fp32 ulps of the fp32 input in the 16-bit dtype's normal
+    range (below it, fp16's subnormals, within 2**-25)."""
+    info = torch.finfo(dtype)
+    shift = _O_LO_SHIFT[dtype]
+    edges = [0.0, -0.0, 1.0, -1.0, info.tiny, -info.tiny, info.max * 0.99, -info.max * 0.99]
+    for p in (-3, 0, 5):
+        below = torch.tensor(2.0**p).nextafter(torch.tensor(0.0)).item()  # just under 2**p: rounds up across it
+        ulp = 2.0**p * info.eps  # a 16-bit ulp above 2**p
+        edges += [below, -below, 2.0**p + ulp / 2, 2.0**p + 1.5 * ulp, 2.0**p + ulp / 2 + 2.0**p * 2**-23]
+    x = torch.cat([torch.tensor(edges), torch.randn(3000) * 4.0**torch.randint(-6, 6, (3000,))]).to(DEVICE)
+    n = x.numel()
+    r = torch.full((n,), float("nan"), dtype=dtype, device=DEVICE)
+    lo = torch.full((n,), -128, dtype=torch.int8, device=DEVICE)
+    y = torch.full((n,), float("nan"), device=DEVICE)
+    with interpreter_bf16_fix():  # the interpreter's fp32 -> bf16 cast rounds as the GPU's only with it
+        _o_lo_round_trip_kernel[(triton.cdiv(n, 512),)](x, r, lo, y, n, BN=512)
+    x, r, lo, y = x.cpu(), r.cpu(), lo.cpu(), y.cpu()
+    assert torch.equal(r, x.to(dtype))
+    d = x.view(torch.int32) - r.float().view(torch.int32)
+    expected = ((d + (1 << (shift - 1))) >> shift).clamp(-128, 127).to(torch.int8)
+    assert torch.equal(lo, expected), (x[lo != expected], lo[lo != expected], expected[lo != expected])
+    assert torch.equal(y, _o_lo_decoded(r, lo))
+    normal = (x.abs() >= info.tiny) | (x == 0)  # fp16's subnormals (random values here) round by more
+    assert normal.float().mean() > 0.9 and lo[normal].abs().max() <= 64
+    assert ((y.view(torch.int32) - x.view(torch.int32))[normal].abs() <= 1 << (shift - 1)).all()
+    assert ((y - x)[~normal].abs() <= 2.0**-25).all()  # clamped: between o rounded and o
 
 
 def test_gated_backward_without_o_lo():

@@ -46,7 +46,7 @@ import triton.language as tl
 from fla_bwd import settings
 from fla_bwd.ops.attn import config, gluon_dkv
 from fla_bwd.ops.attn.config import tile_config
-from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows
+from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows, o_lo_decode
 from fla_bwd.ops.attn.parallel import dkv_kernel_for
 from fla_bwd.ops.utils.cumsum import add_gate_grad
 from fla_bwd.ops.utils.group_sum import add_group_sum
@@ -87,15 +87,17 @@ def ds_layout(T: int, W: int, BQ: int, BT: int) -> int:
 def delta_kernel(o, o_lo, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr, BR: tl.constexpr,
                  BV: tl.constexpr, EXACT_O: tl.constexpr):
     """delta `[HQ, NTOK]` (fp32) = rowsum(o * dO) over the R = NTOK * HQ rows of o, dO `[NTOK, HQ, V]`; EXACT_O:
-    of (o + o_lo) * dO, o_lo the forward's rounding residual of o (`parallel_attn_fwd_kernel`)."""
+    with o in fp32, from o and the forward's int8 o_lo (`inner.o_lo_decode`, `parallel_attn_fwd_kernel`)."""
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)
     o_v = tl.arange(0, BV)
     m = (o_r < R)[:, None] & (o_v < V)[None, :]
     p = o_r.to(tl.int64)[:, None] * V + o_v[None, :]
     # [BR, BV]
-    b_o = tl.load(o + p, mask=m, other=0).to(tl.float32)
+    b_o = tl.load(o + p, mask=m, other=0)
     if EXACT_O:
-        b_o += tl.load(o_lo + p, mask=m, other=0).to(tl.float32)
+        b_o = o_lo_decode(b_o, tl.load(o_lo + p, mask=m, other=0))
+    else:
+        b_o = b_o.to(tl.float32)
     b_do = tl.load(do + p, mask=m, other=0).to(tl.float32)
     o_tok, o_hq = o_r // HQ, o_r % HQ
     tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok, tl.sum(b_o * b_do, 1), mask=o_r < R)
@@ -337,7 +339,7 @@ def needs_exact_o(s, dense: bool, forced_dkv: str, aligned: bool) -> bool:
     fp32 (the value the forward accumulates, before it rounds o to 16 bits): from the rounded o, dk and dg come out
     about twice as far from the oracle (3.6e-3 against 2.6e-3 at g8-T8192-gated, and past the 5e-3 bar on sharp
     rows: B1 T130 D64 scale 0.5 gave dk 5.6e-3, dg 5.3e-3; with o_lo 2.8e-3 and 2.5e-3; PERF.md #47, #50). The cost
-    is one more 16-bit store of o's size in the forward."""
+    is one more store of o's shape in the forward, in int8 (`inner.o_lo_encode`)."""
     if s.g_dtype is None:
         return False
     try:

@@ -175,10 +175,10 @@ def _common(plan: Plan, s: Shape, tiles: Optional[VarlenTiles], kernel: str):
 
 def add_fwd(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_o: bool = False) -> None:
     """o `[B, T - Q0, HQ, V]` (q's dtype) and the base-2 log-sum-exp lse `[HQ, B * T]` (fp32; with tail queries
-    only the query positions are written); with `exact_o`, also "o_lo" (o's shape and dtype): the rounding
-    residual of o, for a gated five-product backward (`from_ds.needs_exact_o`)."""
+    only the query positions are written); with `exact_o`, also "o_lo" (o's shape, int8): o's rounding, for a gated
+    five-product backward (`from_ds.needs_exact_o`, `inner.o_lo_encode`)."""
     o = plan.empty("o", (s.B, s.T - s.Q0, s.HQ, s.V), s.dtype)
-    o_lo = plan.empty("o_lo", (s.B, s.T - s.Q0, s.HQ, s.V), s.dtype) if exact_o else None
+    o_lo = plan.empty("o_lo", (s.B, s.T - s.Q0, s.HQ, s.V), torch.int8) if exact_o else None
     lse = plan.empty("lse", (s.HQ, s.B * s.T), _F32)
     _, NT, args = _common(plan, s, tiles, "fwd")
     if NT > 0:

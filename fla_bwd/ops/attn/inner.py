@@ -143,6 +143,32 @@ def any_nonfinite(b_x):
 
 
 @triton.jit
+def o_lo_encode(b_o, b_r):
+    """o_lo, the forward's int8 record of o's rounding (for a gated five-product backward's delta): the fp32 bit
+    patterns of b_o (fp32) minus those of b_r (b_o rounded to o's 16-bit dtype), in units of 2**SHIFT fp32 ulps,
+    rounded to nearest: 1/128 of a 16-bit ulp (SHIFT 9 for bf16's 7 mantissa bits, 6 for fp16's 10). Rounding moves
+    o at most half a 16-bit ulp, so |o_lo| <= 64; the clamp acts only below fp16's normal range (an error < 2**-25)."""
+    b_d = b_o.to(tl.int32, bitcast=True) - b_r.to(tl.float32).to(tl.int32, bitcast=True)
+    if b_r.dtype == tl.bfloat16:
+        b_d = (b_d + 256) >> 9
+    else:
+        b_d = (b_d + 32) >> 6
+    return tl.minimum(tl.maximum(b_d, -128), 127).to(tl.int8)
+
+
+@triton.jit
+def o_lo_decode(b_r, b_lo):
+    """o in fp32 from b_r (o as stored, 16-bit) and its o_lo (`o_lo_encode`): to within 2**(SHIFT - 1) fp32 ulps,
+    2**-16 (bf16) or 2**-19 (fp16) of |o|. Masked lanes loaded as 0 (both) decode to 0."""
+    b_lo = b_lo.to(tl.int32)
+    if b_r.dtype == tl.bfloat16:
+        b_lo = b_lo << 9
+    else:
+        b_lo = b_lo << 6
+    return (b_r.to(tl.float32).to(tl.int32, bitcast=True) + b_lo).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def key_gate(gk_base, i_s, T, BS: tl.constexpr, USE_G: tl.constexpr):
     """The gate's cumsum gc of keys [i_s, i_s + BS), or a scalar 0 without gates. Loaded one block ahead by the
     loops: Triton's pipeliner stages only the tile loads that feed dots, so a small vector load used in the same

@@ -34,6 +34,7 @@ from fla_bwd.ops.attn.inner import (
     dq_tile,
     fwd_tile,
     key_tile,
+    o_lo_encode,
     query_tile,
 )
 from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
@@ -94,8 +95,8 @@ def parallel_attn_fwd_kernel(
     CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, EXACT_O: tl.constexpr,
 ):
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
-    input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: also o_lo (o's shape and dtype)
-    = the fp32 o minus o rounded, so that o + o_lo is the fp32 o to ~2**-17."""
+    input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: also o_lo (o's shape, int8),
+    how far the fp32 o is from o rounded (`inner.o_lo_encode`): o and o_lo give the fp32 o to 2**-16 of |o|."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
@@ -136,11 +137,10 @@ def parallel_attn_fwd_kernel(
         b_o = b_o * b_alpha[:, None]
         b_m = b_m_new
     b_o = b_o / b_l[:, None]
-    tl.store(_o_tile(o, qbos, i_hq, o_t, o_v, HQ=HQ, V=V), b_o.to(o.dtype.element_ty),
-             mask=m_t[:, None] & (o_v[None, :] < V))
+    b_or = b_o.to(o.dtype.element_ty)
+    tl.store(_o_tile(o, qbos, i_hq, o_t, o_v, HQ=HQ, V=V), b_or, mask=m_t[:, None] & (o_v[None, :] < V))
     if EXACT_O:
-        tl.store(_o_tile(o_lo, qbos, i_hq, o_t, o_v, HQ=HQ, V=V),
-                 (b_o - b_o.to(o.dtype.element_ty).to(tl.float32)).to(o_lo.dtype.element_ty),
+        tl.store(_o_tile(o_lo, qbos, i_hq, o_t, o_v, HQ=HQ, V=V), o_lo_encode(b_o, b_or),
                  mask=m_t[:, None] & (o_v[None, :] < V))
     tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
 
