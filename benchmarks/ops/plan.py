@@ -40,7 +40,7 @@ AB_S = {
 }
 UNKNOWN_AB_S = 15.0  # a shape not in the table (custom, or added later)
 PEER_ROW_S = {"flex": 5.0, "fla": 3.0, "sdpa-cudnn": 1.0, "sdpa-fa2": 1.0, "fa3": 1.5}
-GATED_FLEX_EXTRA_S = 12.0  # score_mod compiles a larger graph: Flex setup 34-38 s on gated rows, 7-10 s on others (b0781de)
+GATED_FLEX_EXTRA_S = 12.0  # score_mod compiles a larger graph: Flex setup 34-38 s gated, 7-10 s ungated (b0781de)
 ONCE_S = {"flex": 12.0, "flex-gated": 10.0, "fa3": 8.0, "fla": 2.0}
 SAFETY = 1.25
 FIXED_S = 45.0
