@@ -129,7 +129,7 @@ def test_forced_hopper_raises_where_it_cannot_run(monkeypatch):
 def test_plan_step_passes_every_kernel_parameter(acc_in, gated):
     """The plan step launches through `launch.Launch`, whose direct path after the first launch passes its arguments
     in the kernel's parameter order: every parameter must be among them (one left out would be passed as None)."""
-    from fla_bwd.ops.utils.launch import Launch, Ref, _jit_function
+    from fla_bwd.ops.utils.launch import Launch, Ref, jit_function
 
     s = _shape(B=1, T=512, W=512, HQ=8, H=2, device=torch.device("cpu"))
     args = {name: Ref(name) for name in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv")}
@@ -137,7 +137,7 @@ def test_plan_step_passes_every_kernel_parameter(acc_in, gated):
                 nonfinite=Ref("flags"), acc_out=acc_in, gc=Ref("gc") if gated else None)
     step = gluon_dkv.HopperDkvLaunch(s, 2, 4, 0, 8, args)
     assert isinstance(step.launch, Launch)
-    params = _jit_function(gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper).arg_names
+    params = jit_function(gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper).arg_names
     assert set(step.launch.args) == set(params) | {"num_warps"}
     assert step.launch.args["ACC_IN"] == int(acc_in)
     assert step.launch.args["dk_in"] == (Ref("dk_in") if acc_in else Ref("dk"))
@@ -264,6 +264,135 @@ def test_whole_step_capture(monkeypatch):
     with dq_path("from-ds"), ds_kernel("hopper"):
         _capture_replays_like_eager(case)
     assert set(spy.hopper) == {True} and set(spy.chunks) == {2}, (spy.hopper, spy.chunks)
+
+
+def _wrapped_like_triton_3_6(launcher, tensordesc_indices, tensordesc_meta):
+    """A stand-in for Triton 3.6's `driver.wrap_handle_tensordesc`: a closure named `inner` over these three."""
+    def inner(*args):
+        return launcher, tensordesc_indices, tensordesc_meta
+    return inner
+
+
+class _Run:
+    """A stand-in for Triton 3.6's `CudaLauncher` (what `descriptor_launcher` reads of it)."""
+
+    def __init__(self, launch, scratch=0):
+        self.launch, self.global_scratch_size, self.profile_scratch_size = launch, scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.called = []
+
+    def __call__(self, *args):
+        self.called.append(args)
+
+
+@pytest.fixture
+def triton_3_6_driver(monkeypatch):
+    """The driver module made to look like 3.6's (whatever Triton runs the tests); expansions recorded."""
+    from triton.backends.nvidia import driver as nv
+
+    expanded = []
+
+    def make_tensordesc_arg(desc, meta):
+        expanded.append((desc.base.data_ptr(), meta))
+        return [("map", desc.base.data_ptr(), meta), *desc.shape, *desc.strides]
+
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT_LEN", 13, raising=False)
+    monkeypatch.setattr(nv, "make_tensordesc_arg", make_tensordesc_arg, raising=False)
+    return expanded
+
+
+def test_descriptor_launcher_only_for_triton_3_6s_build(triton_3_6_driver, monkeypatch):
+    """`launch.descriptor_launcher` takes the C launcher from under 3.6's wrapper, and refuses anything else: a
+    wrapper over other variables, a kernel that needs scratch allocated at launch, another driver module."""
+    from triton.backends.nvidia import driver as nv
+
+    from fla_bwd.ops.utils.launch import descriptor_launcher
+
+    raw = object()
+    found = descriptor_launcher(_Run(_wrapped_like_triton_3_6(raw, {0, 2}, ["m0", "m2"])))
+    assert found.launch is raw and found.positions == {0, 2} and found.metas == ("m0", "m2")
+    assert (found.cooperative, found.pdl) == (False, True)
+    assert descriptor_launcher(_Run(_wrapped_like_triton_3_6(raw, {0, 2}, ["m0", "m2"]), scratch=128)) is None
+    assert descriptor_launcher(_Run(_wrapped_like_triton_3_6(raw, {0, 2}, ["m0"]))) is None
+    assert descriptor_launcher(_Run(lambda *args: raw)) is None
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT_LEN", 14)
+    assert descriptor_launcher(_Run(_wrapped_like_triton_3_6(raw, {0, 2}, ["m0", "m2"]))) is None
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_plan_step_reuses_descriptors_by_address(gated, triton_3_6_driver, monkeypatch):
+    """Under Triton 3.6's launcher, after its first (compiling) launch the step calls the C launcher itself with
+    every argument 3.6's wrapper would give it (descriptors expanded in parameter order, tensors by address), and
+    expands a descriptor again only for an input address it has not seen."""
+    import fla_bwd.ops.utils.launch as launch
+    from fla_bwd.ops.utils.launch import Ref, jit_function
+
+    monkeypatch.setattr(launch, "is_interpreter", lambda: False)
+    B, T, HQ, H, D = 1, 256, 4, 2, 128
+    s = _shape(B=B, T=T, W=T, HQ=HQ, H=H, device=torch.device("cpu"))
+    inputs = ("q", "k", "v", "do", "lse", "delta", "ds") + (("gc",) if gated else ())
+    args = dict({n: Ref(n) for n in inputs + ("dk", "dv")}, gc=Ref("gc") if gated else None, dk_in=None,
+                dv_in=None, nonfinite=Ref("flags"), acc_out=False)
+    step = gluon_dkv.HopperDkvLaunch(s, 1, 2, 0, 8, args)
+    names = jit_function(step.launch.kernel).arg_names
+    positions = [names.index(f"{n}_desc") for n in ("q", "k", "v", "do", "lse", "delta", "ds", "gc")
+                 if n in inputs]
+    raw = []
+    run = _Run(_wrapped_like_triton_3_6(lambda *a: raw.append(a), set(positions), [f"m{i}" for i in positions]))
+
+    class _Compiled:
+        function, packed_metadata = "fn", "packed"
+
+    _Compiled.run = run
+    normal = []
+
+    class _Kernel:  # Triton's path: records the launch, returns the compiled stand-in
+        fn = step.launch.kernel
+
+        def __getitem__(self, grid):
+            return lambda **kwargs: normal.append(kwargs) or _Compiled()
+
+    step.launch.kernel = _Kernel()
+
+    def env_of():
+        return dict(q=torch.zeros(B, T, HQ, D, dtype=bf16), do=torch.zeros(B, T, HQ, D, dtype=bf16),
+                    k=torch.zeros(B, T, H, D, dtype=bf16), v=torch.zeros(B, T, H, D, dtype=bf16),
+                    lse=torch.zeros(HQ, B * T), delta=torch.zeros(HQ, B * T),
+                    ds=torch.zeros(8 * 64 * 64, dtype=bf16), gc=torch.zeros(HQ, B * T),
+                    dk=torch.zeros(B, T, H, D), dv=torch.zeros(B, T, H, D), flags=torch.zeros(64, dtype=torch.int8))
+
+    first = env_of()
+    step(first, torch.device("cpu"), 1234)
+    assert len(normal) == 1 and not raw and step.memo  # compiled through Triton's path, then memoized
+    kwargs = normal[0]
+
+    def expected(env):
+        """What 3.6's wrapper passes the C launcher for this call."""
+        out = [*step.launch.grid, 1234, "fn", False, True, None, None, "packed", None, None, None]
+        for i, name in enumerate(names):
+            if i in positions:
+                base = name[:-len("_desc")]
+                d = kwargs[name]
+                out += [("map", env[base].data_ptr(), f"m{i}"), *d.shape, *d.strides]
+            else:
+                x = kwargs[name]
+                x = env[step.launch.args[name].name] if isinstance(step.launch.args.get(name), Ref) else x
+                out.append(x.data_ptr() if isinstance(x, torch.Tensor) else x)
+        return out
+
+    second = env_of()
+    step(second, torch.device("cpu"), 1234)
+    assert len(normal) == 1 and len(raw) == 1
+    assert list(raw[0]) == expected(second)
+    assert len(triton_3_6_driver) == len(positions)  # each descriptor expanded once
+    step(second, torch.device("cpu"), 1234)  # the same addresses: nothing expanded again
+    assert list(raw[1]) == expected(second) and len(triton_3_6_driver) == len(positions)
+    third = dict(second, q=torch.zeros_like(second["q"]))  # one new address: that descriptor only
+    step(third, torch.device("cpu"), 1234)
+    assert list(raw[2]) == expected(third)
+    assert triton_3_6_driver[len(positions):] == [(third["q"].data_ptr(), f"m{positions[0]}")]
+    step(third, torch.device("cpu"), None)  # no direct launch (a hook, or fast launch off): Triton's path
+    assert len(normal) == 2 and len(raw) == 3
 
 
 @needs_hopper

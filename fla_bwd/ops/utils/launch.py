@@ -41,7 +41,7 @@ def aligned(x: Optional[torch.Tensor]) -> bool:
     return x is None or x.data_ptr() % 16 == 0
 
 
-def _jit_function(kernel) -> JITFunction:
+def jit_function(kernel) -> JITFunction:
     """The JITFunction under any wrappers (triton.heuristics keeps it in `.fn`)."""
     while not isinstance(kernel, JITFunction):
         kernel = kernel.fn
@@ -127,7 +127,7 @@ class Launch:
         compiled = self.kernel[self.grid](**kwargs)
         if direct is None and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
             run = compiled.run  # loads the module: `function` is valid after this
-            names = _jit_function(self.kernel).arg_names
+            names = jit_function(self.kernel).arg_names
             template = [self.args.get(n) for n in names]
             slots = [(i, self.args[n].name) for i, n in enumerate(names) if isinstance(self.args.get(n), Ref)]
             for i, _ in slots:
@@ -138,6 +138,45 @@ class Launch:
             pointers = tuple((i, name) for i, name in slots if isinstance(kwargs[names[i]], torch.Tensor))
             others = tuple(slot for slot in slots if slot not in pointers)
             self.direct = (run, compiled.function, compiled.packed_metadata, template, pointers, others)
+
+
+class DescriptorLauncher(NamedTuple):
+    """What `descriptor_launcher` finds under a compiled kernel's `run`."""
+    launch: Callable  # the C launcher: (grid x, y, z, stream, function, cooperative, PDL, 2 scratch buffers, packed
+    # metadata, launch metadata, 2 hooks, then every parameter with each descriptor expanded)
+    positions: frozenset  # the parameters (signature positions) that are host tensor descriptors
+    metas: tuple  # their metadata, in parameter order
+    expand: Callable  # (descriptor, its metadata) -> what replaces it in the C launcher's arguments
+    cooperative: bool
+    pdl: bool
+
+
+def descriptor_launcher(run) -> Optional[DescriptorLauncher]:
+    """The C launcher under Triton 3.6's wrapper for kernels that take host tensor descriptors, where a caller may
+    reuse a descriptor's expansion instead of letting the wrapper make it again at every launch.
+
+    Triton 3.6 (`triton.backends.nvidia.driver`: `CudaLauncher`, `wrap_handle_tensordesc`) hands each launch to a
+    Python closure that replaces every descriptor by `make_tensordesc_arg(descriptor, metadata)` (a
+    `cuTensorMapEncodeTiled`, then the shape and strides) before calling the C launcher. That expansion depends on
+    nothing but the descriptor's fields and base address. None for any other build (another Triton release, or a
+    kernel that needs scratch buffers allocated at launch): its launches then go through `run`."""
+    try:
+        from triton.backends.nvidia import driver as nv
+    except ImportError:
+        return None
+    inner = getattr(run, "launch", None)
+    code = getattr(inner, "__code__", None)
+    if (code is None or code.co_name != "inner" or getattr(nv, "_BASE_ARGS_FORMAT_LEN", None) != 13
+            or set(code.co_freevars) != {"launcher", "tensordesc_indices", "tensordesc_meta"}
+            or getattr(run, "global_scratch_size", None) != 0 or getattr(run, "profile_scratch_size", None) != 0
+            or not callable(getattr(nv, "make_tensordesc_arg", None))):
+        return None
+    cells = {name: cell.cell_contents for name, cell in zip(code.co_freevars, inner.__closure__)}
+    positions, metas = frozenset(cells["tensordesc_indices"]), tuple(cells["tensordesc_meta"] or ())
+    if len(metas) != len(positions) or any(m is None for m in metas):
+        return None
+    return DescriptorLauncher(cells["launcher"], positions, metas, nv.make_tensordesc_arg,
+                              run.launch_cooperative_grid, run.launch_pdl)
 
 
 def _torch_scratch(size: int, alignment: int, stream: Optional[int]) -> torch.Tensor:
