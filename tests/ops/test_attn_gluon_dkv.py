@@ -398,20 +398,28 @@ def test_plan_step_reuses_descriptors_by_address(gated, triton_3_6_driver, monke
 @needs_hopper
 def test_second_call_launches_direct(monkeypatch):
     """After its first launch the kernel goes through the compiled kernel's C launcher (`launch.Launch`'s direct
-    path: Gluon's `kernel[grid]` binding cost 519 us of host time a launch, #42x), with the same results."""
+    path: Gluon's `kernel[grid]` binding cost 519 us of host time a launch, #42x; on Triton 3.6 with its
+    descriptors' expansions kept by address, `HopperDkvLaunch._launch_memoized`), with the same results: for the
+    same inputs again, and for copies of them at other addresses (descriptors expanded anew)."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    import dataclasses
+
     import fla_bwd.ops.attn.host as host
 
     host.clear_plans()
     case = Case(B=2, T=512, HQ=8, H=2, K=128, dtype=bf16)
     x = make_inputs(case)
+    copies = dataclasses.replace(x, **{n: getattr(x, n).detach().clone().requires_grad_(getattr(x, n).requires_grad)
+                                       for n in ("q", "k", "v", "do")})
     with dq_path("from-ds"), ds_kernel("hopper"):
         first = run_parallel(case, x)
         second = run_parallel(case, x)
+        third = run_parallel(case, copies)
     steps = [st for plan in host._PLANS.values() for st in plan.steps if isinstance(st, gluon_dkv.HopperDkvLaunch)]
     assert steps and all(st.launch.direct is not None for st in steps)
     for name in ("dq", "dk", "dv"):
         assert torch.equal(first[name], second[name]), name
+        assert torch.equal(first[name], third[name]), name
 
 
 @needs_hopper
