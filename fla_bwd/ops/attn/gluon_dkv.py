@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fla_bwd.ops.attn import config
-from fla_bwd.ops.utils.launch import Launch, Ref, descriptor_launcher, jit_function
+from fla_bwd.ops.utils.launch import Launch, Ref, bind, descriptor_launcher, jit_function
 from fla_bwd.utils import is_interpreter
 
 # Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; later releases (3.9 on CI) async_load / async_store.
@@ -404,22 +404,19 @@ class HopperDkvLaunch:
         """One launch as Triton 3.6's wrapper makes it (`descriptor_launcher`), each descriptor's expansion looked
         up by its input's address (kept for the last `_SEEN_ADDRESSES` addresses a descriptor)."""
         launch, expand, grid, head, template, pointers, others, descs = memo
-        values = template.copy()
-        for i, name in pointers:
-            values[i] = env[name].data_ptr()
-        for i, name in others:
-            values[i] = env[name]
+        values = bind(template, pointers, others, env)
         args = [*grid, stream, *head]
         start = 0
         for i, name, template_desc, meta, seen in descs:
             args += values[start:i]
             start = i + 1
             x = env[name]
-            expanded = seen.get(x.data_ptr())
+            address = x.data_ptr()
+            expanded = seen.get(address)
             if expanded is None:
                 if len(seen) >= _SEEN_ADDRESSES:
                     seen.clear()
-                expanded = seen[x.data_ptr()] = expand(_rebased(template_desc, x), meta)
+                expanded = seen[address] = expand(_rebased(template_desc, x), meta)
             args += expanded
         args += values[start:]
         launch(*args)

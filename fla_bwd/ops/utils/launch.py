@@ -112,12 +112,7 @@ class Launch:
         direct = self.direct
         if direct is not None and stream is not None:
             run, function, packed, template, pointers, others = direct
-            values = template.copy()
-            for i, name in pointers:  # the address itself: the C launcher then skips data_ptr() and a driver query
-                values[i] = env[name].data_ptr()
-            for i, name in others:
-                values[i] = env[name]
-            run(*self.grid, stream, function, packed, None, None, None, *values)
+            run(*self.grid, stream, function, packed, None, None, None, *bind(template, pointers, others, env))
             return
         if is_interpreter():
             with _interpreted():
@@ -138,6 +133,18 @@ class Launch:
             pointers = tuple((i, name) for i, name in slots if isinstance(kwargs[names[i]], torch.Tensor))
             others = tuple(slot for slot in slots if slot not in pointers)
             self.direct = (run, compiled.function, compiled.packed_metadata, template, pointers, others)
+
+
+def bind(template: list, pointers: tuple, others: tuple, env: dict) -> list:
+    """One call's parameter values for a compiled kernel's C launcher: `template` (every parameter in signature
+    order) with each `(index, name)` of `pointers` set to the address of `env[name]` (the C launcher then skips a
+    data_ptr() call and a driver query) and each of `others` to `env[name]`."""
+    values = template.copy()
+    for i, name in pointers:
+        values[i] = env[name].data_ptr()
+    for i, name in others:
+        values[i] = env[name]
+    return values
 
 
 class DescriptorLauncher(NamedTuple):
