@@ -216,6 +216,9 @@ def _five_extra(D: int, dtype, t, base: dict):
             ("key_side", F.key_side_kernel, dict(dgk_part=t(f32), dgc_k=t(f32), T=100, W=100, G0=2, H=4, G=8,
                                                  SPLIT=1, CHUNK=2, BT=cfg["BT"], BQ=cfg["BS"], BR=256, BP=16,
                                                  NUM_BANDS=8), "dkv"),
+            ("gate_grad_of_band", F.gate_grad_of_band_kernel,
+             dict(dgk_part=t(f32), dgc_q=t(f32), dg=t(f32), T=100, W=100, G0=2, HQ=32, H=4, G=8, SPLIT=1, CHUNK=2,
+                  BT=cfg["BT"], BQ=cfg["BS"], BR=1024, BP=8, NUM_BANDS=8), "dkv"),
             ("delta", F.delta_kernel, delta, "dkv"),
             # a gated five-product call's forward (the FLAG launch of long rows) stores o_lo; its delta reads it
             ("fwd_o_lo_gated[flag]", P.parallel_attn_fwd_kernel, fwd, "fwd"),

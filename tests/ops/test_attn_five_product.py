@@ -449,13 +449,11 @@ def test_layout_formula_matches_enumeration():
                 assert all(from_ds.ds_first_tile(qi, W, BQ, BT) == f for qi, f in first.items()), (T, W, BQ, BT)
 
 
-@pytest.mark.parametrize("T,W,BQ", [(2100, 2100, 32), (2100, 300, 32), (130, 130, 64), (700, 64, 64)])
-def test_key_side_sums_exactly_the_programs_that_stored_each_key(T, W, BQ):
-    """`key_side_kernel` against a float64 sum over the dQ-from-dS programs whose key range holds each key (program
-    p: query blocks 2p, 2p + 1; keys from the window's first tile to the last its queries see), with every entry no
-    program stored poisoned (NaN): each key reads exactly its programs, several blocks of them at the longest T."""
-    BT, B, H, G, CHUNK = 64, 2, 1, 2, 2
-    NP, bands = math.ceil(T / (2 * BQ)), B * H * CHUNK
+def _partials(T: int, W: int, BQ: int, BT: int, bands: int):
+    """Random partial key sums `[programs, bands, T]` where each dQ-from-dS program stores them (program p: query
+    blocks 2p, 2p + 1; keys from the window's first tile to the last its queries see), NaN where none does, and
+    their float64 sums `[bands, T]`."""
+    NP = math.ceil(T / (2 * BQ))
     part = torch.full((NP, bands, T), math.nan, dtype=torch.float32)
     ref = torch.zeros(bands, T, dtype=torch.float64)
     for p in range(NP):
@@ -464,7 +462,17 @@ def test_key_side_sums_exactly_the_programs_that_stored_each_key(T, W, BQ):
         keys = slice(lo * BT, min((hi + 1) * BT, T))
         part[p, :, keys] = torch.randn(bands, keys.stop - keys.start)
         ref[:, keys] += part[p, :, keys].double()
-    part = part.to(DEVICE)
+    return part.to(DEVICE), ref
+
+
+@pytest.mark.parametrize("T,W,BQ", [(2100, 2100, 32), (2100, 300, 32), (130, 130, 64), (700, 64, 64)])
+def test_key_side_sums_exactly_the_programs_that_stored_each_key(T, W, BQ):
+    """`key_side_kernel` against a float64 sum over the dQ-from-dS programs whose key range holds each key, with
+    every entry no program stored poisoned (NaN): each key reads exactly its programs, several blocks of them at the
+    longest T."""
+    BT, B, H, G, CHUNK = 64, 2, 1, 2, 2
+    bands = B * H * CHUNK
+    part, ref = _partials(T, W, BQ, BT, bands)
     dgc_k = torch.full((H * G, B * T), math.nan, dtype=torch.float32, device=DEVICE)
     keys = 256
     from_ds.key_side_kernel[(math.ceil(T / keys), bands)](
@@ -472,6 +480,47 @@ def test_key_side_sums_exactly_the_programs_that_stored_each_key(T, W, BQ):
     # band (b, c) -> head c of batch element b (`_band_heads` with H = SPLIT = 1, G0 = 0)
     got = dgc_k.view(G, B, T).permute(1, 0, 2).reshape(bands, T).double().cpu()
     torch.testing.assert_close(got, -ref, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("T,W,BQ,BR,BP,G0", [(2100, 2100, 32, 256, 16, 0), (2100, 300, 32, 1024, 8, 2),
+                                             (130, 130, 64, 64, 4, 0), (700, 64, 64, 128, 16, 2)])
+def test_gate_grad_of_band_is_the_reverse_scan_of_both_sides(T, W, BQ, BR, BP, G0):
+    """`gate_grad_of_band_kernel` (a chunk of 2 of the group's 4 query heads, from head G0) against the float64
+    reverse cumsum over each sequence of dgc_q minus the sum of the programs' partial key sums, with every partial
+    no program stored poisoned, and dg's entries of the heads outside the chunk (NaN) left as they were."""
+    BT, B, H, G, CHUNK = 64, 2, 1, 4, 2
+    bands = B * H * CHUNK
+    part, ref = _partials(T, W, BQ, BT, bands)
+    dgc_q = torch.randn(H * G, B * T, dtype=torch.float32, device=DEVICE)
+    dg = torch.full((B, T, H * G), math.nan, dtype=torch.float32, device=DEVICE)
+    from_ds.gate_grad_of_band_kernel[(bands,)](
+        part, dgc_q, dg, T, W, G0, HQ=H * G, H=H, G=G, SPLIT=1, CHUNK=CHUNK, BT=BT, BQ=BQ, BR=BR, BP=BP,
+        NUM_BANDS=bands)
+    heads = list(range(G0, G0 + CHUNK))
+    # band (b, c) -> head G0 + c of batch element b
+    dgc = dgc_q.view(G, B, T)[heads].permute(1, 0, 2).reshape(bands, T).double().cpu() - ref
+    want = dgc.flip(-1).cumsum(-1).flip(-1)
+    got = dg[:, :, heads].permute(0, 2, 1).reshape(bands, T).double().cpu()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+    assert dg[:, :, [h for h in range(G) if h not in heads]].isnan().all()
+
+
+@pytest.mark.parametrize("by_band_max_t", [0, 2**31])
+def test_gated_both_gate_gradient_launches_match_oracle(by_band_max_t, monkeypatch):
+    """The gate's gradient through `key_side_kernel` and the scan (calls longer than
+    `config.GATE_GRAD_BY_BAND_MAX_T`) and through `gate_grad_of_band_kernel` (shorter ones), in chunks."""
+    monkeypatch.setattr(config, "GATE_GRAD_BY_BAND_MAX_T", by_band_max_t)
+    monkeypatch.setattr(host, "_PLANS", {})
+    by_band = []
+    add = from_ds.add_gate_grad_by_band
+    monkeypatch.setattr(from_ds, "add_gate_grad_by_band", lambda *args: by_band.append(add(*args)))
+    case = _GATED_CHUNKED
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"):
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * 1 * _band_bytes(case) / 2**20))
+        check_against_oracle(case)
+    chunks = case.HQ // case.H // spy.splits[0]  # one head of each share a chunk
+    assert spy.chunks == [1] and len(by_band) == (chunks if by_band_max_t else 0), (spy.chunks, len(by_band))
 
 
 @pytest.mark.parametrize("gated", [False, True])

@@ -67,6 +67,9 @@ FIVE_PRODUCT_SPLITS = (1, 4, 2)
 # The five-product backward's dK/dV launches run two query heads of each group (unrolled) below this length, one from
 # it on: the second head saves an fp32 dK/dV round trip, which paid at T = 2048 and not at T = 8192 (#42j).
 DS_TWO_HEADS_BELOW_T = 4096
+# Gated five-product calls up to this length sum the key side of the gate's gradient and scan it in one launch, a
+# program a band (`from_ds.gate_grad_of_band_kernel`): one launch less; a band's partial key sums grow as T^2.
+GATE_GRAD_BY_BAND_MAX_T = 2048
 # SMs of the GPU the dispatch rules were measured on (H200): `sm_count` of a device that has none (the CPU).
 REFERENCE_SMS = 132
 # Under the CPU interpreter small tiles make the tests' short sequences cross every range of the loops.

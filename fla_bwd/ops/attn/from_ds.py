@@ -11,7 +11,8 @@ tile, summed in a fixed order (deterministic, no atomics). In order:
    (each group's heads dealt to `split` programs a key tile, `FiveProduct`), one or two heads a launch
    (`config.DS_TWO_HEADS_BELOW_T`), carrying fp32 dK/dV sums from launch to launch (bitwise the sums of one launch:
    the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the chunk's dq rows
-   (gated: and `key_side_kernel`, which adds up the dQ kernel's partial key sums);
+   (gated: and `key_side_kernel`, which adds up the dQ kernel's partial key sums, or, up to
+   `config.GATE_GRAD_BY_BAND_MAX_T`, `gate_grad_of_band_kernel`, which adds them up and scans dg in one launch);
 3. with a split, the shares' fp32 partials summed in order (`add_group_sum`, as the seven-product split paths).
 
 Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk) a band of NTILE tiles; tile
@@ -51,7 +52,7 @@ from fla_bwd.ops.attn.parallel import dkv_kernel_for
 from fla_bwd.ops.utils.cumsum import add_gate_grad
 from fla_bwd.ops.utils.group_sum import add_group_sum
 from fla_bwd.ops.utils.launch import Ref
-from fla_bwd.utils import cdiv, next_power_of_2
+from fla_bwd.utils import cdiv, is_interpreter, next_power_of_2
 
 # ----------------------------------------------------------------------------------------------------------------
 # Layout
@@ -289,37 +290,75 @@ def parallel_attn_bwd_kernel_dq_from_ds(
              mask=(o_t < T)[:, None] & (o_k < K)[None, :])
 
 
-@triton.jit(do_not_specialize=["T", "W", "G0"])
-def key_side_kernel(dgk_part, dgc_k, T, W, G0, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
-                    CHUNK: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
-                    NUM_BANDS: tl.constexpr):
-    """The key side of the gate's gradient of BR keys of one band of the chunk: dgc_k `[HQ, B * T]` = minus the
-    sum of the partial key sums `dgk_part` `[programs, NUM_BANDS, T]` over the dQ-from-dS programs that stored
-    them, in program order (fixed: deterministic). Program p (query blocks 2p and 2p + 1) stored key tiles lo(2p)
-    (the window's first) to the last its queries see: key tile kj is in the sums of programs
-    kj BT // (2 BQ) .. cdiv((kj + 1) BT + W - 1, 2 BQ) - 1 (`_key_ranges`). BP programs' partials a load (one
-    load a program serialized up to T / 128 round trips), summed over them in a fixed tree, then block after block."""
+@triton.jit
+def _key_sums_of_block(dgk_part, i_band, s0, T, W, BT: tl.constexpr, BQ: tl.constexpr, BR: tl.constexpr,
+                       BP: tl.constexpr, NUM_BANDS: tl.constexpr):
+    """[BR] the sums of the partial key sums `dgk_part` `[programs, NUM_BANDS, T]` of keys s0 .. s0 + BR - 1 (s0 a
+    multiple of BR) of band i_band over the dQ-from-dS programs that stored them, in program order (fixed:
+    deterministic). Program p (query blocks 2p and 2p + 1) stored key tiles lo(2p) (the window's first) to the last
+    its queries see: key tile kj is in the sums of programs kj BT // (2 BQ) .. cdiv((kj + 1) BT + W - 1, 2 BQ) - 1
+    (`_key_ranges`). BP programs' partials a load (one load a program serialized up to T / 128 round trips),
+    summed over them in a fixed tree, then block after block."""
     tl.static_assert(BR % BT == 0, "a block of keys holds whole key tiles")
-    i_r, i_band = tl.program_id(0), tl.program_id(1)
-    i_b, _, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
     NP = tl.cdiv(T, 2 * BQ)
-    o_s = i_r * BR + tl.arange(0, BR)
+    o_s = s0 + tl.arange(0, BR)
     o_j = o_s // BT
     p_first = o_j * BT // (2 * BQ)
     p_last = tl.minimum(tl.cdiv((o_j + 1) * BT + W - 1, 2 * BQ), NP) - 1
-    j_last = (tl.minimum(i_r * BR + BR, T) - 1) // BT
+    j_last = (tl.minimum(s0 + BR, T) - 1) // BT
     o_p = tl.arange(0, BP)
     # [BR]
     b_acc = tl.zeros([BR], dtype=tl.float32)
-    for i_p in range(i_r * BR // (2 * BQ), tl.minimum(tl.cdiv((j_last + 1) * BT + W - 1, 2 * BQ), NP), BP):
+    for i_p in range(s0 // (2 * BQ), tl.minimum(tl.cdiv((j_last + 1) * BT + W - 1, 2 * BQ), NP), BP):
         o_pp = i_p + o_p
         m = (o_s < T)[None, :] & (o_pp[:, None] >= p_first[None, :]) & (o_pp[:, None] <= p_last[None, :])
         # [BP, BR]
         b_part = tl.load(dgk_part + (o_pp.to(tl.int64)[:, None] * NUM_BANDS + i_band) * T + o_s[None, :], mask=m,
                          other=0)
         b_acc += tl.sum(b_part, 0)
+    return b_acc
+
+
+@triton.jit(do_not_specialize=["T", "W", "G0"])
+def key_side_kernel(dgk_part, dgc_k, T, W, G0, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
+                    CHUNK: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
+                    NUM_BANDS: tl.constexpr):
+    """The key side of the gate's gradient of BR keys of one band of the chunk: dgc_k `[HQ, B * T]` = minus the
+    sum of the partial key sums over the dQ-from-dS programs that stored them (`_key_sums_of_block`)."""
+    i_r, i_band = tl.program_id(0), tl.program_id(1)
+    i_b, _, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
+    o_s = i_r * BR + tl.arange(0, BR)
+    b_acc = _key_sums_of_block(dgk_part, i_band, i_r * BR, T, W, BT=BT, BQ=BQ, BR=BR, BP=BP, NUM_BANDS=NUM_BANDS)
     NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
     tl.store(dgc_k + i_hq.to(tl.int64) * NTOK + i_b.to(tl.int64) * T + o_s, -b_acc, mask=o_s < T)
+
+
+@triton.jit(do_not_specialize=["T", "W", "G0"])
+def gate_grad_of_band_kernel(dgk_part, dgc_q, dg, T, W, G0, HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr,
+                             SPLIT: tl.constexpr, CHUNK: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr,
+                             BR: tl.constexpr, BP: tl.constexpr, NUM_BANDS: tl.constexpr):
+    """The gate's gradient of one band of the chunk, in one program: dg `[B, T, HQ]` = the reverse cumsum over
+    the band's keys of dgc = dgc_q (the query side, `[HQ, B * T]` fp32) minus the key side (`_key_sums_of_block`),
+    BR keys a block from the last, carrying the running fp32 sum. What `key_side_kernel` and then the reverse scan
+    (`cumsum.add_gate_grad`) compute in two launches, for calls whose bands are few and short (its caller decides)."""
+    i_band = tl.program_id(0)
+    i_b, _, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
+    NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
+    bos = i_b.to(tl.int64) * T
+    p_dgc = dgc_q + i_hq.to(tl.int64) * NTOK + bos
+    # [1]
+    b_carry = tl.zeros([1], dtype=tl.float32)
+    NR = tl.cdiv(T, BR)
+    for i_c in range(0, NR):
+        s0 = (NR - 1 - i_c) * BR
+        o_s = s0 + tl.arange(0, BR)
+        m_s = o_s < T
+        # [BR]
+        b_x = tl.load(p_dgc + o_s, mask=m_s, other=0) - _key_sums_of_block(
+            dgk_part, i_band, s0, T, W, BT=BT, BQ=BQ, BR=BR, BP=BP, NUM_BANDS=NUM_BANDS)
+        b_y = tl.cumsum(b_x, axis=0, reverse=True) + b_carry
+        b_carry += tl.sum(b_x, axis=0)
+        tl.store(dg + (bos + o_s) * HQ + i_hq, b_y.to(dg.dtype.element_ty), mask=m_s)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -482,6 +521,16 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
     return FiveProduct(split, chunk, hopper)
 
 
+def add_gate_grad_by_band(plan, dgk_part: Ref, dgc_q: Ref, s, heads_of: dict) -> None:
+    """Add `gate_grad_of_band_kernel` for the bands of one chunk (`heads_of`: the chunk's launch arguments) into
+    "dg": keys a block as many as fill 8 warps' registers with one load of the partials (under the interpreter
+    one key tile, so that the tests' sequences cross several blocks)."""
+    BT = heads_of["BT"]
+    BR = BT if is_interpreter() else max(BT, min(1024, next_power_of_2(s.T)))
+    plan.launch(gate_grad_of_band_kernel, (heads_of["NUM_BANDS"],), dgk_part=dgk_part, dgc_q=dgc_q, dg=Ref("dg"),
+                HQ=s.HQ, BR=BR, BP=max(1, min(16, 8192 // BR)), **heads_of, num_warps=8 if BR >= 1024 else 4)
+
+
 def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> None:
     """Add delta, then per chunk its dK/dV launches (`add_dkv_launch(plan, s, out, SPLIT, hopper, **launch args)`:
     host.py's, which adds the buffers and containment; one or two query heads of each share a launch, `config`, or
@@ -508,12 +557,17 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     bands = s.B * NP * chunk
     ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
     # The gate's gradient: dQ from dS stores its query side, and partial sums of its key side, which
-    # `key_side_kernel` adds up (both from the stored tiles; the dK/dV kernels compute no gate gradient here).
+    # `key_side_kernel` adds up, then the reverse scan; or, short calls, `gate_grad_of_band_kernel` both at once
+    # (all from the stored tiles; the dK/dV kernels compute no gate gradient here).
     dgc_q = dgc_k = dgk_part = None
+    by_band = gated and s.T <= config.GATE_GRAD_BY_BAND_MAX_T
     if gated:
         dgc_q = plan.empty("dgc_q", (s.HQ, NTOK), torch.float32)
-        dgc_k = plan.empty("dgc_k", (s.HQ, NTOK), torch.float32)
         dgk_part = plan.empty("dgk_part", (cdiv(s.T, 2 * BQ), bands, s.T), torch.float32)
+        if by_band:
+            plan.empty("dg", (s.B, s.T, s.HQ), s.g_dtype)
+        else:
+            dgc_k = plan.empty("dgc_k", (s.HQ, NTOK), torch.float32)
     # The Hopper kernel runs a chunk a launch; the Triton kernel one or two heads (a head loop spills, #42i).
     heads = chunk if hopper else math.gcd(chunk, 2 if s.T < config.DS_TWO_HEADS_BELOW_T else 1)
     launches = G // split // heads
@@ -537,11 +591,13 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
                         dq=dq, dgc_q=dgc_q, dgk_part=dgk_part, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
                         BK=max(16, next_power_of_2(s.K)), **heads_of, **config.DQ_FROM_DS_LAUNCH)
-            if gated:
+            if by_band:
+                add_gate_grad_by_band(plan, dgk_part, dgc_q, s, heads_of)
+            elif gated:
                 keys = max(BT, 256)  # a program's keys: whole key tiles; 1024 gave 2 programs a band, 9.8 us (#52)
                 plan.launch(key_side_kernel, (cdiv(s.T, keys), bands), dgk_part=dgk_part, dgc_k=dgc_k, BR=keys, BP=16,
                             **heads_of, num_warps=4)
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
-    if gated:
+    if gated and not by_band:
         add_gate_grad(plan, dgc_q, dgc_k, None, s.B, s.B, s.T, s.HQ, s.g_dtype)
