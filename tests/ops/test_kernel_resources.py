@@ -98,13 +98,15 @@ def test_kernels_fit_hopper_shared_memory(dtype):
 def test_five_product_kernels_fit_hopper_shared_memory():
     """The five-product backward's kernels (scripts/compile_sm90.py --five: the dK/dV kernel with its dS store,
     unsplit, at four programs a key tile and gated, in 3 CONTAIN modes each, dQ-from-dS plain and gated, the gate's
-    key-side sum, delta, and the gated forward and delta with o_lo) at the head dims it runs (16-bit, D <= 128)."""
+    key-side sum and its one-launch form with dg's scan, delta, and the gated forward and delta with o_lo) at the
+    head dims it runs (16-bit, D <= 128)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     rc, lines = run_watched([sys.executable, SCRIPT, "--five", "--dims", "64,128", "--check-smem", "--jobs", "2"], env)
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    # (3 dK/dV forms x 3 CONTAIN modes + 2 dQ-from-dS + key side + delta + forward and delta with o_lo) x 2 dims
-    assert out.count("smem") == (3 * 3 + 2 + 1 + 1 + 2) * 2, out
+    # (3 dK/dV forms x 3 CONTAIN modes + 2 dQ-from-dS + key side + gate grad by band + delta + forward and delta
+    # with o_lo) x 2 dims
+    assert out.count("smem") == (3 * 3 + 2 + 1 + 1 + 1 + 2) * 2, out
 
 
 def test_hopper_dkv_kernel_fits_hopper_shared_memory():
