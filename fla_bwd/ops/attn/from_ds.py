@@ -521,13 +521,13 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
     return FiveProduct(split, chunk, hopper)
 
 
-def add_gate_grad_by_band(plan, dgk_part: Ref, dgc_q: Ref, s, heads_of: dict) -> None:
+def add_gate_grad_by_band(plan, dgk_part: Ref, dgc_q: Ref, dg: Ref, s, heads_of: dict) -> None:
     """Add `gate_grad_of_band_kernel` for the bands of one chunk (`heads_of`: the chunk's launch arguments) into
-    "dg": keys a block as many as fill 8 warps' registers with one load of the partials (under the interpreter
+    dg: keys a block as many as fill 8 warps' registers with one load of the partials (under the interpreter
     one key tile, so that the tests' sequences cross several blocks)."""
     BT = heads_of["BT"]
     BR = BT if is_interpreter() else max(BT, min(1024, next_power_of_2(s.T)))
-    plan.launch(gate_grad_of_band_kernel, (heads_of["NUM_BANDS"],), dgk_part=dgk_part, dgc_q=dgc_q, dg=Ref("dg"),
+    plan.launch(gate_grad_of_band_kernel, (heads_of["NUM_BANDS"],), dgk_part=dgk_part, dgc_q=dgc_q, dg=dg,
                 HQ=s.HQ, BR=BR, BP=max(1, min(16, 8192 // BR)), **heads_of, num_warps=8 if BR >= 1024 else 4)
 
 
@@ -559,13 +559,13 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     # The gate's gradient: dQ from dS stores its query side, and partial sums of its key side, which
     # `key_side_kernel` adds up, then the reverse scan; or, short calls, `gate_grad_of_band_kernel` both at once
     # (all from the stored tiles; the dK/dV kernels compute no gate gradient here).
-    dgc_q = dgc_k = dgk_part = None
+    dgc_q = dgc_k = dgk_part = dg = None
     by_band = gated and s.T <= config.GATE_GRAD_BY_BAND_MAX_T
     if gated:
         dgc_q = plan.empty("dgc_q", (s.HQ, NTOK), torch.float32)
         dgk_part = plan.empty("dgk_part", (cdiv(s.T, 2 * BQ), bands, s.T), torch.float32)
         if by_band:
-            plan.empty("dg", (s.B, s.T, s.HQ), s.g_dtype)
+            dg = plan.empty("dg", (s.B, s.T, s.HQ), s.g_dtype)
         else:
             dgc_k = plan.empty("dgc_k", (s.HQ, NTOK), torch.float32)
     # The Hopper kernel runs a chunk a launch; the Triton kernel one or two heads (a head loop spills, #42i).
@@ -592,7 +592,7 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
                         dq=dq, dgc_q=dgc_q, dgk_part=dgk_part, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
                         BK=max(16, next_power_of_2(s.K)), **heads_of, **config.DQ_FROM_DS_LAUNCH)
             if by_band:
-                add_gate_grad_by_band(plan, dgk_part, dgc_q, s, heads_of)
+                add_gate_grad_by_band(plan, dgk_part, dgc_q, dg, s, heads_of)
             elif gated:
                 keys = max(BT, 256)  # a program's keys: whole key tiles; 1024 gave 2 programs a band, 9.8 us (#52)
                 plan.launch(key_side_kernel, (cdiv(s.T, keys), bands), dgk_part=dgk_part, dgc_k=dgc_k, BR=keys, BP=16,
