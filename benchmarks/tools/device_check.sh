@@ -7,7 +7,8 @@
 #     mkdir -p .ab/before && git archive BASE fla_bwd | tar -x -C .ab/before     # .ab/ is not ignored: it travels
 #     bash benchmarks/tools/device_check.sh .ab/before
 # Knobs (environment): TESTS (pytest arguments), TESTS_S, ROWS, CANDS, AB_ROUNDS, AB_S, HOST_ROWS, HOST_S.
-# Writes into $OUT (or ./check_out): tests.log, ab-{A,B}.json and .log, host-{A,B}.json and .log; prints a summary.
+# Writes into $OUT (or ./check_out): tests.log, ab-{A,B}.json and .log, host-{A,B}.json and .log (with the backward
+# step by step, `host_steps.py`); prints a summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BEFORE=${1:?usage: device_check.sh TREE (a copy of an older fla_bwd/, see above)}
@@ -44,7 +45,7 @@ for side in A B; do
   path=$PWD
   [ "$side" = A ] && path=$BEFORE
   echo "== host time $side, limit ${HOST_S:=60} s"
-  PYTHONPATH=$path timeout "$HOST_S" python3 benchmarks/tools/profile_host.py --rows "${HOST_ROWS:-gqa4-long}" \
+  PYTHONPATH=$path timeout "$HOST_S" python3 benchmarks/tools/profile_host.py --rows "${HOST_ROWS:-gqa4-long}" --steps \
     --rounds 3 --json "$LOGS/host-$side.json" > "$LOGS/host-$side.log" 2>&1
   echo "rc $?"; tail -4 "$LOGS/host-$side.log"
 done

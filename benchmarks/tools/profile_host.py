@@ -14,6 +14,9 @@ it starts later, CUDA's and autograd's, inherit it).
 
     python benchmarks/tools/profile_host.py [--json benchmarks/results/host.json] [--rounds 5] [--rows mha-short,...]
     TRITON_INTERPRET=1 python benchmarks/tools/profile_host.py --smoke --json /tmp/host.json   # CPU self-test
+
+`--steps`: then, per row, our backward from an idle queue stamped step by step (`host_steps.py`: autograd's entry
+into our backward, each allocation and launch of its plan, the return), medians of --calls.
 """
 
 import argparse
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import time
 
+import host_steps  # this directory
 import torch
 import torch.nn.functional as F
 import triton
@@ -214,6 +218,15 @@ def compare_row(spec, dev, rounds, calls, b2b, warm=5, repeats=3):
     return out
 
 
+def steps_of(spec, dev, calls):
+    """Our backward of this row stamped step by step (`host_steps`), from an idle queue: [(label, median us)]."""
+    host_steps.install()
+    _, bwd, _ = ours(spec, dev)
+    for _ in range(3):
+        bwd()
+    return host_steps.median_stamps(bwd, calls, before=sync)
+
+
 def pin(cpu):
     if cpu is not None and cpu < 0:
         return "not pinned (--cpu -1)"
@@ -252,6 +265,7 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=50, help="calls per idle-queue median (>= 50 for the record)")
     ap.add_argument("--b2b", type=int, default=30, help="back-to-back calls before the one synchronize")
     ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the second allowed; -1: none)")
+    ap.add_argument("--steps", action="store_true", help="also our backward's host time step by step (host_steps.py)")
     ap.add_argument("--smoke", action="store_true", help="tiny rows, 2 rounds, few calls: a self-test of the script "
                     "(without a GPU under TRITON_INTERPRET=1); NOT a measurement")
     args = ap.parse_args(argv)
@@ -307,6 +321,11 @@ def main(argv=None):
                 r, a, b = res["ratio_ours_over_sdpa"][m], res["ours"][m], res["sdpa_fa2"][m]
                 print(f"  {m:9s} ours {a['median_us']:8.1f} us  sdpa-fa2 {b['median_us']:8.1f} us  ours/sdpa "
                       f"{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}]")
+            if args.steps:
+                res["steps_idle_us"] = steps_of(rows[n], dev, args.calls)
+                dump()
+                print("  our backward from an idle queue, step by step (median us since the call):")
+                host_steps.print_stamps(res["steps_idle_us"])
     print(f"wrote {args.json}")
 
 

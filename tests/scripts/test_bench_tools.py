@@ -110,10 +110,10 @@ def test_tune_attn_norefine_reaches_the_dq_launcher():
 def test_profile_host_smoke_run(tmp_path):
     """profile_host.py end to end on the CPU (--smoke: tiny rows under the interpreter; not a measurement): ours and
     SDPA timed on each row with a per-round ratio for every metric, the autograd floor and the environment in the
-    JSON, the process pinned to one core."""
+    JSON, the process pinned to one core; with --steps, our backward's host time step by step (`host_steps.py`)."""
     out, rows = tmp_path / "host.json", ["gqa4-short-gated", "varlen-T2048", "gqa4-short-sink"]
-    proc = subprocess.run([sys.executable, str(TOOLS / "profile_host.py"), "--smoke", "--rows", ",".join(rows),
-                           "--json", str(out)], capture_output=True, text=True, timeout=900,
+    proc = subprocess.run([sys.executable, str(TOOLS / "profile_host.py"), "--smoke", "--steps", "--rows",
+                           ",".join(rows), "--json", str(out)], capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, TRITON_INTERPRET="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "SMOKE (not a measurement)" in proc.stdout
@@ -127,6 +127,10 @@ def test_profile_host_smoke_run(tmp_path):
         for m in ("fwd_idle", "fwd_b2b", "bwd_idle", "bwd_b2b"):
             assert row["ours"][m]["median_us"] > 0 and row["sdpa_fa2"][m]["median_us"] > 0, (name, m)
             assert len(row["ratio_ours_over_sdpa"][m]["rounds"]) == rec["settings"]["rounds"] == 2
+        labels, times = zip(*row["steps_idle_us"])
+        assert labels[0] == "Function.backward entered" and labels[-1] == "returned", (name, labels)
+        assert any(label.startswith("Launch ") for label in labels) and "alloc dq" in labels, (name, labels)
+        assert list(times) == sorted(times) and times[0] > 0, (name, times)
     assert rec["rows"]["varlen-T2048"]["ours"]["call"].endswith("+cu_seqlens")
     assert "+g" in rec["rows"]["gqa4-short-gated"]["ours"]["call"]
     assert "enable_gqa=True" in rec["rows"]["gqa4-short-sink"]["sdpa_fa2"]["call"]

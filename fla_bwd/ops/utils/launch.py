@@ -74,6 +74,7 @@ class Empty(NamedTuple):
     name: str
     shape: Tuple[int, ...]
     dtype: torch.dtype
+    uses = ()  # the env names a step reads (`Plan.allocate_late`)
 
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
         env[self.name] = torch.empty(self.shape, dtype=self.dtype, device=device)
@@ -84,6 +85,10 @@ class Apply(NamedTuple):
     name: str
     fn: Callable
     refs: Tuple[str, ...]
+
+    @property
+    def uses(self) -> Tuple[str, ...]:
+        return self.refs
 
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
         env[self.name] = self.fn(*[env[r] for r in self.refs])
@@ -99,6 +104,7 @@ class Launch:
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.args = args
         self.refs = tuple((k, v.name) for k, v in args.items() if isinstance(v, Ref))
+        self.uses = frozenset(name for _, name in self.refs)
         # (run, function, packed metadata, values template, (index, name) tensor slots, (index, name) other slots)
         self.direct = None
 
@@ -223,12 +229,28 @@ class Plan:
         return Ref(name)
 
     def add(self, step: Callable[[dict, torch.device, Optional[int]], None]) -> None:
-        """Add a step of another kind: called as `step(env, device, stream)` (e.g. `gluon_dkv.HopperDkvLaunch`)."""
+        """Add a step of another kind: called as `step(env, device, stream)` (e.g. `gluon_dkv.HopperDkvLaunch`);
+        its `uses`, if it has one, names every env entry it reads (else it counts as reading them all)."""
         self.steps.append(step)
 
     def launch(self, kernel, grid: Sequence[int], scratch: bool = False, **args) -> None:
         """Add a launch; `scratch`: the kernel makes tensor descriptors (`ScratchLaunch`)."""
         self.steps.append((ScratchLaunch if scratch else Launch)(kernel, grid, args))
+
+    def allocate_late(self) -> None:
+        """Move each allocation to just before the first step that reads it (its `uses`), keeping their order: the
+        GPU waits for a call's first launches, so a launch is not held back by buffers only later ones need. A step
+        without `uses` keeps every allocation before it; one that no step reads goes last."""
+        steps, pending = [], []
+        for step in self.steps:
+            if isinstance(step, Empty):
+                pending.append(step)
+                continue
+            uses = getattr(step, "uses", None)
+            due = [e for e in pending if uses is None or e.name in uses]
+            pending = [e for e in pending if not (uses is None or e.name in uses)]
+            steps += due + [step]
+        self.steps = steps + pending
 
     def run(self, env: dict) -> dict:
         """Execute the steps with `env` (name -> tensor) holding the call's inputs; returns env, now also holding

@@ -1,0 +1,98 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Where a backward's host time goes, step by step: the time from the call (`torch.autograd.grad`) to autograd's
+call of our Function's backward, to each step of the launch plan (`fla_bwd.ops.utils.launch.Plan`: an allocation,
+a launch, the Hopper dK/dV step), and to the return. The GPU idles until the big dK/dV launch is issued, so the
+stamps before it are the host's critical path of a call from an idle queue; all of them together, its throughput.
+
+Used by `profile_host.py --steps` (on the GPU machine: real launches) and `profile_host_cpu.py --stamps` (stubbed
+launches). `install()` patches the package in this process only.
+"""
+
+import statistics
+import time
+from typing import Callable, List, Optional, Tuple
+
+STAMPS: List[Tuple[str, float]] = []
+
+
+def _label(step) -> str:
+    from fla_bwd.ops.utils import launch
+
+    if isinstance(step, launch.Empty):
+        return f"alloc {step.name}"
+    if isinstance(step, launch.Apply):
+        return f"apply {step.name}"
+    kernel = getattr(step, "kernel", None) or getattr(getattr(step, "launch", None), "kernel", None)
+    while hasattr(kernel, "fn"):  # heuristics, JIT and interpreter wrappers
+        kernel = kernel.fn
+    return f"{type(step).__name__} {getattr(kernel, '__name__', '')}".rstrip()
+
+
+class _Stamped:
+    """A plan step that records the time it starts at."""
+
+    def __init__(self, step):
+        self.step, self.label = step, _label(step)
+
+    def __call__(self, env, device, stream):
+        STAMPS.append((self.label, time.perf_counter()))
+        self.step(env, device, stream)
+
+
+def install() -> None:
+    """Stamp autograd's entry into our backward, each plan step and the backward's return (idempotent)."""
+    from fla_bwd.ops.attn import autograd
+    from fla_bwd.ops.utils import launch
+
+    if getattr(launch.Plan.run, "_stamped", False):
+        return
+    run = launch.Plan.run
+
+    def stamped_run(self, env):
+        steps = self.steps
+        wrapped = getattr(self, "_stamped_steps", None)
+        if wrapped is None or len(wrapped) != len(steps):
+            wrapped = self._stamped_steps = [_Stamped(s) for s in steps]
+        self.steps = wrapped
+        try:
+            return run(self, env)
+        finally:
+            self.steps = steps
+
+    stamped_run._stamped = True
+    launch.Plan.run = stamped_run
+    backward = autograd.EagerParallelAttn.backward
+
+    def stamped_backward(ctx, do):
+        STAMPS.append(("Function.backward entered", time.perf_counter()))
+        out = backward(ctx, do)
+        STAMPS.append(("Function.backward returns", time.perf_counter()))
+        return out
+
+    autograd.EagerParallelAttn.backward = staticmethod(stamped_backward)
+
+
+def median_stamps(fn: Callable, calls: int, before: Optional[Callable] = None) -> List[Tuple[str, float]]:
+    """(label, median us from fn's call) for each stamp of `calls` calls of fn, and ("returned", ...) last;
+    `before` runs ahead of each call, untimed (e.g. a synchronize: a call from an idle queue). Calls whose stamps
+    differ from the last call's labels (a first call's compile) are left out."""
+    rows = []
+    for _ in range(calls):
+        if before is not None:
+            before()
+        STAMPS.clear()
+        t0 = time.perf_counter()
+        result = fn()
+        t1 = time.perf_counter()
+        rows.append([(n, (t - t0) * 1e6) for n, t in STAMPS] + [("returned", (t1 - t0) * 1e6)])
+        del result
+    labels = [n for n, _ in rows[-1]]
+    same = [r for r in rows if [n for n, _ in r] == labels]
+    return [(n, statistics.median(r[i][1] for r in same)) for i, n in enumerate(labels)]
+
+
+def print_stamps(stamps: List[Tuple[str, float]], indent: str = "    ") -> None:
+    previous = 0.0
+    for label, us in stamps:
+        print(f"{indent}{us:8.1f} us  (+{us - previous:6.1f})  {label}")
+        previous = us
