@@ -46,6 +46,7 @@ SHAPES = {
     "gqa4-long": dict(B=2, T=2048, HQ=32, H=8, D=128),
     "mha-long": dict(B=2, T=2048, HQ=32, H=32, D=128),  # issue 18: compare FLA_BWD_DQ_PATH=recompute / from-ds
     "gqa4-long-gated": dict(B=2, T=2048, HQ=32, H=8, D=128, gate=True),  # five products with --hopper
+    "g8-T2048-D64": dict(B=2, T=2048, HQ=32, H=4, D=64),  # seven products (five need D > 64)
 }
 
 
