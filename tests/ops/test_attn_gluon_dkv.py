@@ -333,8 +333,9 @@ def test_plan_step_reuses_descriptors_by_address(gated, triton_3_6_driver, monke
     inputs = ("q", "k", "v", "do", "lse", "delta", "ds") + (("gc",) if gated else ())
     args = dict({n: Ref(n) for n in inputs + ("dk", "dv")}, gc=Ref("gc") if gated else None, dk_in=None,
                 dv_in=None, nonfinite=Ref("flags"), acc_out=False)
-    step = gluon_dkv.HopperDkvLaunch(s, 1, 2, 0, 8, args)
-    names = jit_function(step.launch.kernel).arg_names
+    # Two chunks' steps of one call: the second finds the first's descriptors in the call's env and makes none.
+    steps = [gluon_dkv.HopperDkvLaunch(s, 1, 2, G0, 8, args) for G0 in (0, 1)]
+    names = jit_function(steps[0].launch.kernel).arg_names
     positions = [names.index(f"{n}_desc") for n in ("q", "k", "v", "do", "lse", "delta", "ds", "gc")
                  if n in inputs]
     raw = []
@@ -347,12 +348,13 @@ def test_plan_step_reuses_descriptors_by_address(gated, triton_3_6_driver, monke
     normal = []
 
     class _Kernel:  # Triton's path: records the launch, returns the compiled stand-in
-        fn = step.launch.kernel
+        fn = steps[0].launch.kernel
 
         def __getitem__(self, grid):
             return lambda **kwargs: normal.append(kwargs) or _Compiled()
 
-    step.launch.kernel = _Kernel()
+    for step in steps:
+        step.launch.kernel = _Kernel()
 
     def env_of():
         return dict(q=torch.zeros(B, T, HQ, D, dtype=bf16), do=torch.zeros(B, T, HQ, D, dtype=bf16),
@@ -362,12 +364,12 @@ def test_plan_step_reuses_descriptors_by_address(gated, triton_3_6_driver, monke
                     dk=torch.zeros(B, T, H, D), dv=torch.zeros(B, T, H, D), flags=torch.zeros(64, dtype=torch.int8))
 
     first = env_of()
-    step(first, torch.device("cpu"), 1234)
-    assert len(normal) == 1 and not raw and step.memo  # compiled through Triton's path, then memoized
-    kwargs = normal[0]
+    for step in steps:
+        step(first, torch.device("cpu"), 1234)
+    assert len(normal) == 2 and not raw and all(step.memo for step in steps)  # Triton's path, then memoized
 
-    def expected(env):
-        """What 3.6's wrapper passes the C launcher for this call."""
+    def expected(step, kwargs, env):
+        """What 3.6's wrapper passes the C launcher for this call of `step` (whose first launch took kwargs)."""
         out = [*step.launch.grid, 1234, "fn", False, True, None, None, "packed", None, None, None]
         for i, name in enumerate(names):
             if i in positions:
@@ -380,19 +382,22 @@ def test_plan_step_reuses_descriptors_by_address(gated, triton_3_6_driver, monke
                 out.append(x.data_ptr() if isinstance(x, torch.Tensor) else x)
         return out
 
+    step, kwargs = steps[0], normal[0]
     second = env_of()
     step(second, torch.device("cpu"), 1234)
-    assert len(normal) == 1 and len(raw) == 1
-    assert list(raw[0]) == expected(second)
+    assert len(normal) == 2 and len(raw) == 1
+    assert list(raw[0]) == expected(step, kwargs, second)
     assert len(triton_3_6_driver) == len(positions)  # each descriptor expanded once
     step(second, torch.device("cpu"), 1234)  # the same addresses: nothing expanded again
-    assert list(raw[1]) == expected(second) and len(triton_3_6_driver) == len(positions)
+    assert list(raw[1]) == expected(step, kwargs, second) and len(triton_3_6_driver) == len(positions)
     third = dict(second, q=torch.zeros_like(second["q"]))  # one new address: that descriptor only
     step(third, torch.device("cpu"), 1234)
-    assert list(raw[2]) == expected(third)
+    assert list(raw[2]) == expected(step, kwargs, third)
     assert triton_3_6_driver[len(positions):] == [(third["q"].data_ptr(), f"m{positions[0]}")]
+    steps[1](third, torch.device("cpu"), 1234)  # the second chunk's step: its own G0, the same inputs
+    assert list(raw[3]) == expected(steps[1], normal[1], third) and raw[3] != raw[2]
     step(third, torch.device("cpu"), None)  # no direct launch (a hook, or fast launch off): Triton's path
-    assert len(normal) == 2 and len(raw) == 3
+    assert len(normal) == 3 and len(raw) == 4
 
 
 @needs_hopper

@@ -380,18 +380,20 @@ class HopperDkvLaunch:
             self._descriptors(env)
         self.launch(env, device, stream)
         if memo is None and self.launch.direct is not None:
-            self.memo = self._memoized() or False
+            self.memo = self._memoized(env) or False
 
-    def _memoized(self) -> Optional[tuple]:
+    def _memoized(self, env: dict) -> Optional[tuple]:
         """(C launcher, descriptor expansion, grid, the launcher's arguments between stream and parameters, the
         parameters' template, tensor slots, other slots, and per descriptor its position, input name, template,
-        metadata and expansions by address), or None where `descriptor_launcher` finds no 3.6 launcher."""
+        metadata and expansions by address), or None where `descriptor_launcher` finds no 3.6 launcher. `env`: the
+        call just launched, whose descriptors are the templates (this step's own, or those an earlier chunk's step
+        of the call made: then this step made none, `__call__`)."""
         run, function, packed, template, pointers, others = self.launch.direct
         found = descriptor_launcher(run)
         if found is None:
             return None
         names = jit_function(self.launch.kernel).arg_names
-        inputs = {desc: (name, t) for desc, name, t in self.templates}
+        inputs = {desc: (name, _rebased(env[desc], None)) for desc, name, *_ in self.views}
         descs = []
         for meta, i in zip(found.metas, sorted(found.positions)):
             ref = self.launch.args.get(names[i])
