@@ -8,6 +8,7 @@ Used by `profile_host.py --steps` (on the GPU machine: real launches) and `profi
 launches). `install()` patches the package in this process only.
 """
 
+import functools
 import statistics
 import time
 from typing import Callable, List, Optional, Tuple
@@ -96,3 +97,61 @@ def print_stamps(stamps: List[Tuple[str, float]], indent: str = "    ") -> None:
     for label, us in stamps:
         print(f"{indent}{us:8.1f} us  (+{us - previous:6.1f})  {label}")
         previous = us
+
+
+def runner_loop(rows: List[str], iters: int) -> dict:
+    """The benchmark runner's eager backward-alone loop (`benchmarks.ops.timing.Timer.block`: an L2 flush, a start
+    event, the backward, an end event, no synchronize between iterations) on registry rows, stamped: per row the
+    median event time, the median host time an iteration, and the median stamps of the backward."""
+    import torch
+
+    from benchmarks.ops.registry import OPS, SHAPES, make_inputs
+    from benchmarks.ops.timing import Timer
+    from fla_bwd.ops.attn import parallel_attn
+
+    install()
+    op, by_name, out = OPS["parallel_attn"], {s.name: s for s in SHAPES}, {}
+    timer = Timer(torch.device("cuda"))
+    for row in rows:
+        shape = by_name[row]
+        inputs = make_inputs(op, shape, "cuda")
+        o = op.call(parallel_attn, inputs, shape)
+        do = torch.randn_like(o)
+        leaves = [x for x in (inputs.get(n) for n in ("q", "k", "v", "g")) if x is not None]
+
+        bwd = functools.partial(torch.autograd.grad, o, leaves, do, retain_graph=True)
+        timer.warmup(bwd)
+        starts, ends, stamps, host = [], [], [], []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            timer.flush()
+            STAMPS.clear()
+            t0 = time.perf_counter()
+            start.record()
+            bwd()
+            end.record()
+            t1 = time.perf_counter()
+            starts.append(start), ends.append(end), host.append((t1 - t0) * 1e6)
+            stamps.append([(n, (t - t0) * 1e6) for n, t in STAMPS])
+        torch.cuda.synchronize()
+        events = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+        labels = [n for n, _ in stamps[-1]]
+        same = [r for r in stamps if [n for n, _ in r] == labels]
+        out[row] = {"event_us": statistics.median(events), "host_us": statistics.median(host),
+                    "events_us": events, "stamps_us": [(n, statistics.median(r[i][1] for r in same))
+                                                       for i, n in enumerate(labels)]}
+        print(f"{row}: events {out[row]['event_us']:.1f} us, host {out[row]['host_us']:.1f} us an iteration")
+        print_stamps(out[row]["stamps_us"])
+    return out
+
+
+if __name__ == "__main__":  # the runner's loop on the GPU machine: python3 benchmarks/tools/host_steps.py ROWS [N]
+    import json
+    import os
+    import sys
+
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    result = runner_loop(sys.argv[1].split(","), int(sys.argv[2]) if len(sys.argv) > 2 else 40)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "runner_loop.json"), "w") as f:
+            json.dump(result, f, indent=1)

@@ -1,0 +1,1 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT

@@ -1,0 +1,156 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Autograd for `parallel_attn`, which calls `EagerParallelAttn.apply` or, under torch.compile,
+`parallel_attn_fwd_op`: both run `host.forward` and, in the backward, `host.backward`.
+
+Two front ends over those two functions, one formula:
+- under torch.compile, a pair of torch.library custom ops with fake (meta) implementations, so that
+  `torch.compile(fullgraph=True)` sees two opaque ops instead of tracing into Triton launches; a custom op cannot
+  return None, so absent optional outputs (the gate's cumsum, dg, dsink) travel as empty tensors;
+- in eager code, a plain autograd.Function: the custom-op machinery (schema default filling, dynamo guards,
+  autograd redispatch) costs more host time per call than a short row's whole GPU time (PERF.md #11).
+Neither supports a second differentiation: both raise a clear error instead of returning a silent zero.
+"""
+
+from typing import Optional
+
+import torch
+
+from fla_bwd.ops.attn import host
+
+_NOT_TWICE = ("parallel_attn does not support double backward (a gradient of its gradient); "
+              "its backward is not differentiable")
+
+
+def _empty_f32(device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.float32, device=device)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torch.compile: custom ops
+# ----------------------------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("fla_bwd::parallel_attn_fwd", mutates_args=())
+def parallel_attn_fwd_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, lse, the gate's cumsum or empty). `window_size` 0 means full causal."""
+    # No o_lo (`host.forward`'s for_backward): the op cannot tell whether a backward follows, so its gated calls
+    # take seven products.
+    o, lse, g_cumsum, _, _ = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
+    return o, lse, g_cumsum if g_cumsum is not None else _empty_f32(q.device)
+
+
+@parallel_attn_fwd_op.register_fake
+def _fwd_fake(q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
+    B, T, HQ, _ = q.shape
+    lse = q.new_empty(HQ, B * T, dtype=torch.float32)
+    g_cumsum = q.new_empty(HQ, B * T, dtype=torch.float32) if g is not None else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(B, T, HQ, v.shape[3]), lse, g_cumsum
+
+
+@torch.library.custom_op("fla_bwd::parallel_attn_bwd", mutates_args=())
+def parallel_attn_bwd_op(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    g_cumsum: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dg or empty, dsink or empty); dg and dsink in g's and sink_bias's dtypes."""
+    grads = host.backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size)
+    return tuple(x if x is not None else _empty_f32(q.device) for x in grads)
+
+
+@parallel_attn_bwd_op.register_fake
+def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size):
+    empty = q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(g) if g is not None else empty,
+            torch.empty_like(sink_bias) if sink_bias is not None else empty)
+
+
+def _save(ctx, inputs, output, call=None, o_lo=None):
+    q, k, v, g, sink_bias, cu_seqlens, scale, window_size = inputs
+    o, lse, g_cumsum = output
+    ctx.save_for_backward(q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo)
+    ctx.scale, ctx.window_size, ctx.call = scale, window_size, call
+
+
+def _gradients(ctx, do, backward, *call):
+    """The gradients of the forward's 8 inputs from `do`, through `backward` (the custom op, or `host.backward`
+    with the forward's `host.Call` and o_lo)."""
+    q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo = ctx.saved_tensors
+    extra = (*call, o_lo) if call else ()
+    dq, dk, dv, dg, dsink = backward(do.contiguous(), q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens,
+                                     ctx.scale, ctx.window_size, *extra)
+    return (dq, dk, dv, dg if g is not None else None, dsink if sink_bias is not None else None, None, None, None)
+
+
+def _op_backward(ctx, do, dlse, dgc):
+    return _gradients(ctx, do, parallel_attn_bwd_op)
+
+
+def _refuse_double_backward(ctx, *grads):
+    raise RuntimeError(_NOT_TWICE)
+
+
+def _no_context(ctx, inputs, output):
+    pass
+
+
+parallel_attn_fwd_op.register_autograd(_op_backward, setup_context=_save)
+parallel_attn_bwd_op.register_autograd(_refuse_double_backward, setup_context=_no_context)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Eager: autograd.Function
+# ----------------------------------------------------------------------------------------------------------------
+
+class EagerParallelAttn(torch.autograd.Function):
+    """The custom ops' formula for eager calls (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
+        o, lse, g_cumsum, o_lo, call = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size,
+                                                    any(ctx.needs_input_grad))
+        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size), (o, lse, g_cumsum), call, o_lo)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        if not torch.is_grad_enabled():  # a plain backward (autograd runs it without grad unless create_graph)
+            return _gradients(ctx, do, host.backward, ctx.call)
+        with torch.no_grad():
+            grads = _gradients(ctx, do, host.backward, ctx.call)
+        # create_graph=True: hand back gradients that refuse a second differentiation with a clear error (as the
+        # custom op's backward does), rather than silently non-differentiable ones. The saved inputs (which
+        # require grad) go in too, so that the outputs carry this node.
+        live = [i for i, x in enumerate(grads) if x is not None]
+        guarded = _NoDoubleBackward.apply(len(live), *(grads[i] for i in live), *ctx.saved_tensors[:3])
+        out = list(grads)
+        for i, x in zip(live, guarded):
+            out[i] = x
+        return tuple(out)
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tuple(x.view_as(x) for x in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(_NOT_TWICE)
+
+
+class NoKeyVisible(torch.autograd.Function):
+    """`window_size=0` with a sink (FLA's meaning): no key is visible, the sink takes all the softmax mass, so o is
+    0 whatever the inputs and every gradient is 0. No kernel runs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, sink_bias):
+        ctx.save_for_backward(q, k, v, g, sink_bias)
+        return q.new_zeros(*q.shape[:3], v.shape[3])
+
+    @staticmethod
+    def backward(ctx, do):
+        return tuple(torch.zeros_like(x) if x is not None else None for x in ctx.saved_tensors)

@@ -1,0 +1,188 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Tile sizes and the per-call policies of the attention kernels: what the launchers read, with one reason each.
+The measurements behind every entry are in PERF.md (the number after # names its section); change an entry
+there first. `tests/ops/test_kernel_resources.py` compiles every tile config for sm_90 and checks it fits.
+"""
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from fla_bwd import settings
+from fla_bwd.utils import cdiv, is_interpreter
+
+
+def _tiles(BT: int, BS: int, num_warps: int, num_stages: int) -> dict:
+    """A tile config as the launch arguments it becomes: BT rows of the tile a program owns (queries for fwd/dq,
+    keys for dkv), BS rows of each block its inner loop steps over."""
+    return dict(BT=BT, BS=BS, num_warps=num_warps, num_stages=num_stages)
+
+
+# (16-bit inputs, head dim > 128) -> kernel -> tile config; the head dim is the larger of K and V. Read-only: the
+# launchers spread these dicts into their launch arguments.
+TILE_CONFIGS = {
+    (True, False): {
+        "fwd": _tiles(128, 128, 8, 2),  # fewest K/V reloads among the configs that do not spill (#3)
+        "dq": _tiles(64, 64, 4, 2),  # every larger tile or deeper pipeline measured slower (#2, #19)
+        "dkv": _tiles(64, 64, 4, 2),  # same sweeps (#2, #19); two resident programs per SM (#23)
+        # Short windows (`dkv_tiles`): 32-row blocks fit three stages beside a second program, so each block's loads
+        # are issued a block ahead (at two stages the loop issues them at its end and waits at its top), #42o.
+        "dkv_window": _tiles(64, 32, 4, 3),
+    },
+    (True, True): {
+        "fwd": _tiles(64, 32, 8, 2),  # D up to 256 doubles each row's registers and shared memory; not swept
+        "dq": _tiles(64, 32, 8, 2),  # same reason
+        "dkv": _tiles(64, 32, 8, 2),  # same reason
+    },
+    (False, False): {
+        "fwd": _tiles(64, 32, 4, 2),  # fp32 operands: fwd 128x128 needs 256 KB of the 227 KB a block may use (#9)
+        "dq": _tiles(64, 32, 8, 2),  # same limit (#9)
+        "dkv": _tiles(64, 32, 8, 2),  # same limit (#9)
+    },
+    (False, True): {
+        "fwd": _tiles(64, 32, 4, 2),  # fits at D up to 256 in fp32 (#9)
+        "dq": _tiles(32, 32, 4, 2),  # halved again to fit 227 KB (#9)
+        "dkv": _tiles(32, 32, 4, 2),  # same limit (#9)
+    },
+}
+# The dQ-from-dS kernel (`from_ds.py`; its tiles are the dK/dV kernel's, two query blocks a program): a memory-bound
+# loop, 3 stages deep; 4 warps: 622 against 819 us at 8 on g8-T8192 (PERF.md #42d, #42l).
+DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
+# Where "auto" takes the five-product backward (`from_ds.five_product_chunk`): dense full-causal calls at head dims
+# 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`, with a split if needed). They won
+# there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost, shorter rows are host-bound.
+FIVE_PRODUCT_MIN_T = 2048
+# Whether "auto" takes it for gated calls too (where the Hopper kernel runs them, in eager calls whose forward then
+# stores o's rounding residual, `from_ds.needs_exact_o`): faster than seven products on the H200, backward alone and
+# forward + backward (PERF.md #47, #49, #50).
+FIVE_PRODUCT_GATED = True
+# From this length on "auto" runs the five-product backward's dK/dV on the Hopper kernel (`gluon_dkv`, where it can):
+# its kernels win on every row (33-96 us at T = 2048), and eager T = 2048 calls follow them: interleaved with
+# Triton's blocks, no Hopper block stalled on the host more than Triton's (PERF.md #42w, #42x, #43, #44).
+HOPPER_DKV_MIN_T = 2048
+# The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
+# keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096) (#42q).
+FIVE_PRODUCT_SPLITS = (1, 4, 2)
+# The five-product backward's dK/dV launches run two query heads of each group (unrolled) below this length, one from
+# it on: the second head saves an fp32 dK/dV round trip, which paid at T = 2048 and not at T = 8192 (#42j).
+DS_TWO_HEADS_BELOW_T = 4096
+# SMs of the GPU the dispatch rules were measured on (H200): `sm_count` of a device that has none (the CPU).
+REFERENCE_SMS = 132
+# Under the CPU interpreter small tiles make the tests' short sequences cross every range of the loops.
+INTERPRETER_CONFIG = _tiles(32, 16, 4, 1)
+
+
+# Windows up to this size take the "dkv_window" tiles in the seven-product dK/dV kernels (`dkv_tiles`): measured
+# faster at W = 256 and 512 (16-bit, D = 128, ungated); dense T = 2048 gained ~2%, gated T = 2048 and D = 64 lost
+# (#42o).
+DKV_WINDOW_MAX_W = 512
+
+
+def dkv_tiles(D: int, dtype: torch.dtype, W: int, T: int, gated: bool) -> str:
+    """The seven-product dK/dV kernels' tile config at head dim D (the larger of K and V), dtype, window W (W >= T:
+    none) and sequence length T: "dkv_window" for ungated 16-bit calls at head dims 65-128 with a window of at most
+    DKV_WINDOW_MAX_W, whose key tiles each see few query blocks; else "dkv"."""
+    short = W < T and W <= DKV_WINDOW_MAX_W
+    return "dkv_window" if short and dtype != torch.float32 and 64 < D <= 128 and not gated else "dkv"
+
+
+def tile_config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The tile config of `kernel` ("fwd", "dq", "dkv" or, from `dkv_tiles`, "dkv_window") at head dim D (the larger
+    of K and V) and input dtype."""
+    if is_interpreter():
+        return INTERPRETER_CONFIG
+    return TILE_CONFIGS[(dtype != torch.float32, D > 128)][kernel]
+
+
+# Calls with less work than this (B * HQ * T * min(T, W) * max(K, V)) contain NaN/Inf inline, larger ones in two
+# launches: where a second launch's host time equals what inline costs the GPU (#31).
+INLINE_CONTAINMENT_WORK = 2**29
+
+
+def contain_inline(B: int, HQ: int, T: int, W: int, D: int) -> bool:
+    """Whether the kernels of one call contain a NaN/Inf input inline (one launch) rather than in two launches
+    (see `host.add_contained`); both contain exactly. FLA_BWD_CONTAINMENT forces either (for A/B timing and the
+    tests, which run every NaN/Inf case both ways; plans are keyed on it, `Shape.containment`)."""
+    forced = settings.forced_containment()
+    if forced != "auto":
+        return forced == "inline"
+    return B * HQ * T * min(T, W) * D < INLINE_CONTAINMENT_WORK
+
+
+class DeltaMode(NamedTuple):
+    """How the dQ kernel computes delta, the per-row sum that dS subtracts (see `host.add_dq`)."""
+    refine: bool  # dq from rowsum(o * dO), then rowsum(P * dP) stored for the dK/dV kernel
+    exact: bool  # rowsum(P * dP) from a first loop over the keys, for dq and the dK/dV kernel alike
+
+
+DELTA_MODES = {
+    "rounded": DeltaMode(False, False),  # no gate, no sink: delta's ~1e-3 rounding costs little
+    "refine": DeltaMode(True, False),  # gates: dgc is a reverse cumsum, which turns delta's error into a walk
+    "exact": DeltaMode(False, True),  # sinks: dq needs the exact delta itself (PERF.md #8)
+}
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The SMs of a CUDA device, else `REFERENCE_SMS`. Read once per device: the dispatch runs on every backward."""
+    if device.type != "cuda":
+        return REFERENCE_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def capability(device: torch.device) -> tuple:
+    """The compute capability of a CUDA device, read once per device, as `sm_count`."""
+    return torch.cuda.get_device_capability(device)
+
+
+def _tile_work(lengths: tuple, H: int, G: int, D: int, W: int):
+    """(query-block iterations of the longest key tile for one query head, iterations of all tiles and heads) of the
+    KV-head-owned dK/dV kernel for sequences of these lengths, at the GPU's 16-bit tiles (also under the CPU
+    interpreter, so that the dispatch rules decide there as on the GPU)."""
+    cfg = TILE_CONFIGS[(True, D > 128)]["dkv"]
+    BT, BS = cfg["BT"], cfg["BS"]
+    ratio = BT // BS
+    span = cdiv(BT + W - 1, BS)  # query blocks one key tile can see
+    total = longest = 0
+    for length in lengths:
+        blocks = cdiv(length, BS)
+        seen = [min(blocks - i * ratio, span) for i in range(cdiv(length, BT))]
+        total += H * G * sum(seen)
+        longest = max(longest, seen[0] if seen else 0)
+    return longest, total
+
+
+def _balanced(critical: int, total: int, sms: int) -> bool:
+    """A launch's critical path (iterations of its longest program) within 1.25x the mean work per resident program
+    (two per SM, #23)."""
+    return critical <= 1.25 * total / (2 * sms)
+
+
+@functools.lru_cache(maxsize=256)
+def gqa_split(lengths: tuple, H: int, G: int, D: int, W: int, sms: int):
+    """The fewest programs (1, 2 or 4, below G) that can share a group's query heads in the KV-head-owned dK/dV
+    kernel and keep the GPU busy, or None (then the query-head-owned kernel balances better).
+
+    A program's longest run is the first key tile of the longest sequence: G / split times the query blocks that
+    tile sees. When that critical path is much longer than the average work per resident program, programs of
+    short tiles finish and leave SMs idle while it runs; splitting the heads shortens it at the price of fp32
+    partials and their sum. Counted in query-block iterations; below 64 iterations a split saves less kernel time
+    than its extra launch costs the host (#23, #31).
+    """
+    longest, total = _tile_work(lengths, H, G, D, W)
+    for split in (1, 2, 4):
+        critical = G // split * longest
+        if split < G and (critical <= 64 or _balanced(critical, total, sms)):
+            return split
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def group_fills_gpu(lengths: tuple, H: int, G: int, D: int, W: int, sms: int, split: int = 1) -> bool:
+    """Whether programs that each run G / split query heads of a group on one key tile keep the GPU busy
+    (`gqa_split`'s balance rule). A launch of any fixed number of each share's heads, as the five-product
+    backward's, has the same ratio of critical path to mean work, so the rule holds for it too."""
+    longest, total = _tile_work(lengths, H, G, D, W)
+    return _balanced(G // split * longest, total, sms)

@@ -1,0 +1,383 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""The five-product backward's dK/dV kernel for Hopper, written in Gluon (issue 18, PERF.md #42w).
+
+Same outputs as the Triton KV-head-owned kernel with STORE_DS (`parallel.parallel_attn_bwd_kernel_dkv_per_kv_head`,
+`from_ds.py`'s tile layout), in FlashAttention-3's structure, which Triton 3.6 does not build from the Triton kernel
+(PERF.md #42r): a persistent grid, a producer partition that copies K/V and each (query head, query block)'s q, dO,
+lse and delta by TMA into a ring of shared-memory stages behind mbarriers, and two consumer warpgroups that run the
+four products of a [128 keys, 64 queries] tile (64 keys each, sharing every q/dO stage) and store the 16-bit dS^T
+by TMA, each from its own double-buffered shared-memory tile. Each consumer warpgroup is a partition of its own:
+in one 8-warp partition every TMA store and barrier arrival synchronised both (PERF.md #45). Work items are
+(128-key tile, batch, KV head, share of the group), dealt to the programs longest first (`schedule`: static, so
+the result is deterministic).
+
+It is the FLAG launch of the two-launch containment (`host.add_contained`): every 64-key tile's flag says whether
+its dK/dV is not finite, and the Triton kernel's FIXUP launch recomputes those tiles with containment.
+
+Scope (`why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, full causal, T a multiple of 128, dense, gated or not,
+one launch per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on (`from_ds._hopper`). Gluon has no CPU
+interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
+"""
+
+import functools
+import heapq
+import math
+from typing import Optional
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fla_bwd.ops.attn import config
+from fla_bwd.ops.utils.launch import Launch, Ref
+from fla_bwd.utils import is_interpreter
+
+# Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; later releases (3.9 on CI) async_load / async_store.
+_tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
+_tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
+LOG2E = math.log2(math.e)
+BT = 128  # keys an item: two consumer warpgroups of 64 (the Triton kernel's key tile, so flags and dS tiles match)
+BH = 64  # keys of one consumer warpgroup
+BQ = 64  # queries a block (the Triton kernel's BS)
+D = 128
+NUM_WARPS = 4  # the default partition, the producer; each consumer warpgroup is a worker partition of 4 warps
+CONSUMER_REGS = gl.constexpr(240)  # the producer keeps the rest of the 168 a thread at launch: 24
+MMA_S = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BQ, 16]))
+MMA_D = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]))
+OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_D.value, k_width=2))
+# 16-bit layouts: fp16 and bf16 share them (the swizzle depends on the element width only).
+Q_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, D], gl.bfloat16))
+KV_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BH, D], gl.bfloat16))
+DS_TILE = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ, BH], gl.bfloat16))
+ROW_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BQ], gl.float32))
+STAGE_BYTES = gl.constexpr(2 * BQ * D * 2 + 2 * BQ * 4)  # q, dO, lse, delta of one block
+KV_BYTES = gl.constexpr(2 * BT * D * 2)
+BT_C = gl.constexpr(BT)
+BH_C = gl.constexpr(BH)
+BQ_C = gl.constexpr(BQ)
+D_C = gl.constexpr(D)
+STAGES = 3  # q/dO stages: 3 beat 2 by 1-3% at one K/V buffer (#42w); 198 KB of shared memory
+STAGES_C = gl.constexpr(STAGES)  # partitions get their arguments as values: the ring's size stays a constant here
+MAX_IMBALANCE = 1.05  # `split_for`: the longest program's work over the mean
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _item(sched, t, L, B, H, SPLIT):
+    """(128-key tile m, batch, KV head, share) of this program's t-th item (`schedule`)."""
+    item = gl.load(sched + gl.program_id(0) * (1 + L) + 1 + t)
+    bh = item // SPLIT % (B * H)
+    return item // (SPLIT * B * H), bh // H, bh % H, item % SPLIT
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in,
+              dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
+              kv_empty, H, G, SPLIT, CHUNK, ACC_IN):
+    """Copies each item's K/V (a [64, D] box a consumer warpgroup), then q, dO, lse, delta (and, gated, the
+    queries' gate cumsum) of every (head of the chunk, query block from the diagonal) into the next free stage."""
+    USE_G: gl.constexpr = gc is not None  # None survives a partition's argument tuple, a constexpr flag does not
+    i = 0
+    for t in range(gl.load(sched + gl.program_id(0) * (1 + L))):
+        m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
+        mbarrier.wait(kv_empty.index(0), t & 1)
+        mbarrier.expect(kv_ready.index(0), KV_BYTES)
+        for i_wg in gl.static_range(2):
+            key0 = i_b * T + m * BT_C + i_wg * BH_C
+            _tma_load(k_desc, [key0, i_h * D_C], kv_ready.index(0), k_smem.index(i_wg))
+            _tma_load(v_desc, [key0, i_h * D_C], kv_ready.index(0), v_smem.index(i_wg))
+        for c in range(CHUNK):
+            i_hq = i_h * G + i_p * (G // SPLIT) + G0 + c
+            row = i_hq * (B * T) + i_b * T  # lse, delta: [HQ, B * T]
+            for qi in range(2 * m, T // BQ_C):
+                s = i % STAGES_C
+                mbarrier.wait(empty.index(s), (i // STAGES_C) & 1)
+                mbarrier.expect(ready.index(s), STAGE_BYTES + (BQ_C * 4 if USE_G else 0))
+                _tma_load(lse_desc, [row + qi * BQ_C], ready.index(s), lse_smem.index(s))
+                _tma_load(delta_desc, [row + qi * BQ_C], ready.index(s), delta_smem.index(s))
+                if USE_G:
+                    _tma_load(gc_desc, [row + qi * BQ_C], ready.index(s), gq_smem.index(s))
+                _tma_load(q_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), q_smem.index(s))
+                _tma_load(do_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), do_smem.index(s))
+                i += 1
+
+
+@gluon.jit
+def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in,
+              dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+              q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
+              kv_empty, H, G, SPLIT, CHUNK, ACC_IN, i_wg):
+    """Consumer warpgroup i_wg: keys [64 i_wg, 64 i_wg + 64) of every item, the four products of each of its
+    blocks, its dS^T stores and its item's dK/dV and flags. Its own partition, shared-memory tiles and barrier
+    arrivals: the two warpgroups never wait for each other (as one 8-warp partition they met at four barriers an
+    iteration, PERF.md #45). Gated: scores get gc_query - gc_key; the gate's gradient comes from the stored tiles
+    (`from_ds.py`: here its key side cost 50 of 329 us at gqa4-long-gated, PERF.md #52)."""
+    USE_G: gl.constexpr = gc is not None
+    dtype: gl.constexpr = q_desc.dtype
+    o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S))
+    o_key = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_S))
+    o_r = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_D))
+    o_c = gl.arange(0, D_C, layout=gl.SliceLayout(0, MMA_D))
+    zero_s = gl.zeros([BH_C, BQ_C], gl.float32, MMA_S)
+    # [BH, D]
+    b_k = k_smem.index(i_wg)
+    b_v = v_smem.index(i_wg)
+    i = 0
+    n_st = 0  # dS^T stores issued; buffer n_st % 2 is free once at most the last one is pending
+    for t in range(gl.load(sched + gl.program_id(0) * (1 + L))):
+        m, i_b, i_h, i_p = _item(sched, t, L, B, H, SPLIT)
+        i_head = i_h * SPLIT + i_p
+        key0 = m * BT_C + i_wg * BH_C
+        # [BH, D]: rows of `[B, T, H * SPLIT, D]`
+        p_out = ((i_b * T + key0 + o_r).to(gl.int64) * (H * SPLIT) + i_head)[:, None] * D_C + o_c[None, :]
+        acc_dk = gl.zeros([BH_C, D_C], gl.float32, MMA_D)
+        acc_dv = gl.zeros([BH_C, D_C], gl.float32, MMA_D)
+        if ACC_IN:  # a runtime flag, like every argument of a partition
+            acc_dk = gl.load(dk_in + p_out).to(gl.float32)
+            acc_dv = gl.load(dv_in + p_out).to(gl.float32)
+        mbarrier.wait(kv_ready.index(0), t & 1)
+        for c in range(CHUNK):
+            band = ((i_b * H + i_h) * SPLIT + i_p) * CHUNK + c  # `from_ds.add_five_product_backward`'s band order
+            row = band * NTILE * BQ_C
+            if USE_G:
+                g_row = (i_h * G + i_p * (G // SPLIT) + G0 + c).to(gl.int64) * (B * T) + i_b * T + key0
+                b_gk = gl.load(gc + g_row + o_key)
+            for qi in range(2 * m, T // BQ_C):
+                s = i % STAGES_C
+                mbarrier.wait(ready.index(s), (i // STAGES_C) & 1)
+                b_q = q_smem.index(s)
+                b_do = do_smem.index(s)
+                # [BH, BQ]: S^T = K Q^T, and dP^T = V dO^T right behind it (it runs under the exponentials)
+                tok = warpgroup_mma(b_k, b_q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                tok_dp = warpgroup_mma(b_v, b_do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                b_st = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))
+                # lse and delta read where they are used: held across the iteration they spilled
+                b_lse = lse_smem.index(s).load(gl.SliceLayout(0, MMA_S))
+                if USE_G:
+                    b_gq = gq_smem.index(s).load(gl.SliceLayout(0, MMA_S))
+                    b_st = b_st * qk_scale + (b_gq[None, :] - b_gk[:, None])  # the Triton kernel's order
+                    b_pt = gl.exp2(b_st - b_lse[None, :])
+                else:
+                    b_pt = gl.exp2(b_st * qk_scale - b_lse[None, :])
+                if qi < 2 * m + 2:  # the diagonal blocks: key <= query
+                    b_pt = gl.where((key0 + o_key)[:, None] <= (qi * BQ_C + o_q)[None, :], b_pt, 0.0)
+                acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A), b_do, acc_dv, is_async=True)
+                b_dpt = warpgroup_mma_wait(num_outstanding=1, deps=(tok_dp,))  # dV stays in flight
+                b_delta = delta_smem.index(s).load(gl.SliceLayout(0, MMA_S))
+                b_ds = (b_pt * (b_dpt - b_delta[None, :])).to(dtype)
+                if (i_wg == 0) | (qi > 2 * m):  # tile (qi, 2m + i_wg) is in the band (`from_ds.ds_layout`, causal)
+                    buf = ds_smem.index(2 * i_wg + n_st % 2)
+                    tma.store_wait(pendings=1)  # the store that last read buf has finished
+                    buf.store(b_ds)
+                    fence_async_shared()
+                    _tma_store(ds_desc, [row + (qi * (qi + 1) // 2 + 2 * m + i_wg) * BQ_C, 0], buf)
+                    n_st += 1
+                acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
+                acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
+                mbarrier.arrive(empty.index(s), count=1)
+                i += 1
+        mbarrier.arrive(kv_empty.index(0), count=1)
+        # The FLAG launch's flag of this 64-key tile (the Triton kernel's program index): dK or dV not finite.
+        bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
+        gl.store(nonfinite + i_b * (H * SPLIT) + i_head + (2 * m + i_wg) * (B * H * SPLIT), gl.max(bad, 0).to(gl.int8))
+        gl.store(dk + p_out, (acc_dk * dk_scale).to(dk.dtype.element_ty))
+        gl.store(dv + p_out, acc_dv.to(dv.dtype.element_ty))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit(do_not_specialize=["L", "B", "T", "NTILE", "G0"])
+def parallel_attn_bwd_kernel_dkv_ds_hopper(
+    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in, dv_in,
+    nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, ACC_IN, H: gl.constexpr, G: gl.constexpr,
+    SPLIT: gl.constexpr, CHUNK: gl.constexpr,
+):
+    """dK/dV of heads [G0, G0 + CHUNK) of each share of G / SPLIT query heads, their dS^T tiles (`from_ds.py`'s
+    layout, bands of NTILE tiles) and the FLAG launch's flags; dk, dv `[B, T, H * SPLIT, D]`, dk times dk_scale
+    (the softmax scale, or 1 for the unscaled fp32 sums a next chunk continues), started from dk_in, dv_in where
+    ACC_IN (a runtime 0/1: else they are not read), as the Triton kernel's ACC_IN / ACC_OUT. Gated: gc
+    `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view); ungated: both None."""
+    gl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BQ_C, D_C], Q_SMEM)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BQ_C, D_C], Q_SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], KV_SMEM)  # [consumer warpgroup, key, d]
+    v_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], KV_SMEM)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
+    gq_smem = lse_smem  # not read without a gate
+    if gc is not None:
+        gq_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BQ_C], ROW_SMEM)
+    ds_smem = gl.allocate_shared_memory(dtype, [4, BH_C, BQ_C], DS_TILE)  # two buffers a consumer warpgroup
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES_C):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # one arrival a consumer warpgroup
+        mbarrier.arrive(empty.index(s), count=2)  # every stage starts free
+    mbarrier.init(kv_ready.index(0), count=1)
+    mbarrier.init(kv_empty.index(0), count=2)
+    mbarrier.arrive(kv_empty.index(0), count=2)
+    # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
+    wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in, dv_in,
+           nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+           H, G, SPLIT, CHUNK, ACC_IN, 0)
+    wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in, dv_in,
+           nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+           q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
+           H, G, SPLIT, CHUNK, ACC_IN, 1)
+    producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in,
+                dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+                q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
+                kv_empty, H, G, SPLIT, CHUNK, ACC_IN)
+    gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
+                       [CONSUMER_REGS, CONSUMER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Schedule, scope, launch
+# ----------------------------------------------------------------------------------------------------------------
+
+def _item_blocks(B: int, T: int, H: int, split: int):
+    """Every item ((m * B + b) * H + h) * split + share and its query blocks per head (T / 64 - 2m, causal)."""
+    return [(((m * B + b) * H + h) * split + p, T // BQ - 2 * m)
+            for m in range(T // BT) for b in range(B) for h in range(H) for p in range(split)]
+
+
+@functools.lru_cache(maxsize=256)
+def _lpt(B: int, T: int, H: int, split: int, programs: int):
+    """(items per program, max over mean load): longest first, each to the least loaded program."""
+    heap = [(0, p) for p in range(programs)]
+    lists = [[] for _ in range(programs)]
+    for item, blocks in sorted(_item_blocks(B, T, H, split), key=lambda x: -x[1]):
+        load, p = heapq.heappop(heap)
+        lists[p].append(item)
+        heapq.heappush(heap, (load + blocks, p))
+    loads = [load for load, _ in heap]
+    return tuple(tuple(li) for li in lists), max(loads) * programs / sum(loads)
+
+
+def imbalance(B: int, T: int, H: int, split: int, programs: int) -> float:
+    """The longest program's query blocks over the mean, for items of `split` shares on `programs` programs."""
+    return _lpt(B, T, H, split, programs)[1]
+
+
+@functools.lru_cache(maxsize=256)
+def schedule(B: int, T: int, H: int, split: int, programs: int, device: torch.device):
+    """([programs, 1 + L] int32 on `device`: per program its item count then its items, L)."""
+    lists, _ = _lpt(B, T, H, split, programs)
+    L = max(len(li) for li in lists)
+    tab = torch.zeros(programs, 1 + L, dtype=torch.int32)
+    for p, li in enumerate(lists):
+        tab[p, 0] = len(li)
+        tab[p, 1:1 + len(li)] = torch.tensor(li, dtype=torch.int32)
+    return tab.to(device), L
+
+
+def programs_for(B: int, T: int, H: int, split: int, sms: int) -> int:
+    """One program an SM (198 KB of shared memory each), no more than there are items."""
+    return max(1, min(sms, B * H * split * (T // BT)))
+
+
+def split_for(B: int, T: int, H: int, G: int, sms: int) -> int:
+    """The fewest shares of each group (1, 2, 4 dividing G) whose items balance the programs within
+    `MAX_IMBALANCE` (measured #42w: G8 at T4096 and B2 T2048 need 2; B1 T8192, GQA4 and MHA at B2 T2048 run 1), else
+    the best balanced."""
+    splits = [s for s in (1, 2, 4) if G % s == 0]
+    loads = {s: imbalance(B, T, H, s, programs_for(B, T, H, s, sms)) for s in splits}
+    return next((s for s in splits if loads[s] <= MAX_IMBALANCE), min(splits, key=loads.get))
+
+
+def why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
+    """None if this kernel can run a five-product backward of `host.Shape` s whose q, k, v and dO start 16-byte
+    aligned or not (`aligned`; the caller has checked `from_ds.eligible` and density), else why not."""
+    if is_interpreter() or device.type != "cuda":
+        return "it runs on CUDA GPUs only (no CPU interpreter for Gluon)"
+    if config.capability(device) != (9, 0):
+        return "it needs an sm_90 (Hopper) GPU"
+    if not (s.K == s.V == D):
+        return f"it needs head dims K = V = {D}"
+    if s.W < s.T:
+        return "it runs full causal attention only (no window)"
+    if s.T % BT:
+        return f"it needs T to be a multiple of {BT}"
+    if s.HQ * s.B * s.T >= 2**31:
+        return "HQ * B * T must stay under 2**31 (TMA coordinates of lse and delta)"
+    if not aligned:
+        return "q, k, v and dO must start at 16-byte aligned addresses (TMA)"
+    return None
+
+
+class HopperDkvLaunch:
+    """Plan step (`launch.Plan.add`): one launch of `parallel_attn_bwd_kernel_dkv_ds_hopper` through the package's
+    `launch.Launch` (its direct C-launcher path after the first call: Gluon's `kernel[grid]` binding took 519 us of
+    host time a launch on the H200's host, PERF.md #42x). The TMA descriptors are made once a call for every Hopper
+    launch of it (each chunk's reads the same q, k, v, dO, lse, delta, dS): validated on the first call, then the
+    first call's fields over each later call's tensors (`_rebased`, #42y)."""
+
+    def __init__(self, s, split: int, chunk: int, G0: int, ntile: int, args: dict):
+        programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
+        sched, L = schedule(s.B, s.T, s.H, split, programs, s.device)
+        acc_in = args["dk_in"] is not None
+        gated = args["gc"] is not None
+        rows, q_cols, kv_cols = s.B * s.T, s.HQ * D, s.H * D
+        # (input, its 2-D or 1-D view, block, shared-memory layout) of each TMA descriptor the kernel takes
+        table = (("q", (rows, q_cols), [BQ, D], Q_SMEM), ("do", (rows, q_cols), [BQ, D], Q_SMEM),
+                 ("k", (rows, kv_cols), [BH, D], KV_SMEM), ("v", (rows, kv_cols), [BH, D], KV_SMEM),
+                 ("lse", (-1,), [BQ], ROW_SMEM), ("delta", (-1,), [BQ], ROW_SMEM), ("ds", (-1, BQ), [BQ, BQ], DS_TILE))
+        if gated:
+            table += (("gc", (-1,), [BQ], ROW_SMEM),)
+        # (descriptor's env name, input's env name, view, block, layout): `_descriptors`, per call
+        self.views = tuple((_DESC + name, args[name].name, view, block, layout.value)
+                           for name, view, block, layout in table)
+        self.launch = Launch(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
+            **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, gc=args["gc"],
+            dk=args["dk"], dv=args["dv"],
+            dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
+            nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
+            qk_scale=s.scale * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale, ACC_IN=int(acc_in), H=s.H,
+            G=s.HQ // s.H, SPLIT=split, CHUNK=chunk, **({} if gated else {"gc_desc": None}),
+            num_warps=NUM_WARPS))
+        self.templates = None  # the first call's descriptors without their tensors (`_descriptors`)
+
+    def _descriptors(self, env: dict) -> None:
+        if self.templates is None:  # first call: Gluon's validating constructor (TMA alignment, strides, block)
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+            made = [(desc, name, TensorDescriptor.from_tensor(env[name].view(view), block, layout))
+                    for desc, name, view, block, layout in self.views]
+            self.templates = tuple((desc, name, _rebased(d, None)) for desc, name, d in made)  # hold no tensor
+            env.update((desc, d) for desc, _, d in made)
+            return
+        for desc, name, template in self.templates:  # the plan's key fixes all but the base (#42y)
+            env[desc] = _rebased(template, env[name])
+
+    def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
+        if _DESC + "q" not in env:
+            self._descriptors(env)
+        self.launch(env, device, stream)
+
+
+_DESC = "_hopper_desc_"  # env names of the call's TMA descriptors
+
+
+def _rebased(template, base):
+    """`template` (a TensorDescriptor) over `base`: its fields copied without re-validating them (0.7 us here where
+    `from_tensor` takes 5; the plan's key holds the shapes, dtypes and alignment, and its inputs are contiguous)."""
+    d = object.__new__(type(template))
+    d.__dict__.update(template.__dict__)
+    d.base = base
+    return d

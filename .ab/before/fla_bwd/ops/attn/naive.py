@@ -1,0 +1,57 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Plain-torch fp32 oracle for causal softmax attention. Slow and O(T^2) memory by design: it is the reference."""
+
+from typing import Optional
+
+import torch
+from einops import rearrange, repeat
+
+
+def naive_parallel_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: Optional[float] = None,
+    window_size: Optional[int] = None,
+    *,
+    g: Optional[torch.Tensor] = None,
+    sink_bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Causal attention computed in fp32 on one batch of equal-length sequences (no packing).
+
+    Args:
+        q: `[B, T, HQ, K]`.
+        k: `[B, T, H, K]`, HQ a multiple of H (query head h reads KV head h // (HQ // H)).
+        v: `[B, T, H, V]`; V may differ from K.
+        scale: defaults to K ** -0.5.
+        window_size: W; query i sees keys [i - W + 1, i]. None means full causal.
+        g: `[B, T, HQ]` log forget gate; score(i, j) += gc_i - gc_j with gc the cumulative sum of g over T.
+        sink_bias: `[HQ]`; one extra logit per head in the softmax denominator only.
+
+    Returns:
+        o: `[B, T, HQ, V]` in fp32. Differentiable with respect to every tensor argument.
+    """
+    B, T, HQ, K = q.shape
+    H = k.shape[2]
+    G = HQ // H
+    if scale is None:
+        scale = K ** -0.5
+    # Heads first; KV head h serves query heads h * G .. h * G + G - 1 (GQA).
+    qf = rearrange(q.float(), "b t hq k -> b hq t k")
+    kf = repeat(k.float(), "b t h k -> b (h g) t k", g=G)
+    vf = repeat(v.float(), "b t h v -> b (h g) t v", g=G)
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # [B, HQ, T(query), T(key)]
+    if g is not None:
+        gc = rearrange(g.float().cumsum(1), "b t hq -> b hq t")  # gc, the gate's cumsum over T
+        s = s + gc[..., :, None] - gc[..., None, :]
+    i = torch.arange(T, device=q.device)
+    visible = i[:, None] >= i[None, :]
+    if window_size is not None:
+        visible = visible & (i[:, None] - i[None, :] < window_size)
+    s = s.masked_fill(~visible, float("-inf"))
+    if sink_bias is not None:
+        sink = repeat(sink_bias.float(), "hq -> b hq t 1", b=B, t=T)  # one more logit per row
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :T]
+    else:
+        p = torch.softmax(s, dim=-1)
+    return rearrange(torch.matmul(p, vf), "b hq t v -> b t hq v")

@@ -1,0 +1,594 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Causal softmax attention in Triton: the forward, dQ and two dK/dV kernels (query-head-owned and KV-head-owned),
+the dK/dV dispatch, and `parallel_attn`.
+
+A call goes `parallel_attn` -> `autograd` (a torch.library custom op under torch.compile, a plain
+autograd.Function in eager code) -> `host` (buffers, NaN/Inf containment, one launch per kernel through
+`fla_bwd.ops.utils.launch.Plan`) -> the kernels below, whose loop bodies are in `inner.py`. Tile sizes and
+per-call policies are in `config.py`; every FLA_BWD_* variable is read in `fla_bwd.settings`. ARCHITECTURE.md
+draws the whole path.
+
+Layouts. Inputs are token-major, `[B, T, heads, dim]`. Per-(head, token) fp32 side tensors (log-sum-exp, delta,
+the gate's cumulative sum gc and its gradient dgc) are head-major, `[HQ, B * T]`, so a tile of tokens of one head
+is one contiguous load. A packed batch (`cu_seqlens`) has B == 1; every kernel maps its tile to (sequence start
+`bos`, sequence length `T`) once, in `sequence_bounds` (through the `query_tile`/`key_tile` prologues), and then
+addresses through int64 base pointers. G is the GQA group size HQ // H everywhere.
+"""
+
+import functools
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from fla_bwd import settings
+from fla_bwd.ops.attn.config import gqa_split, sm_count
+from fla_bwd.ops.attn.inner import (
+    FIXUP,
+    FLAG,
+    INLINE,
+    LOG2E,
+    any_nonfinite,
+    dkv_one_head,
+    dq_tile,
+    fwd_tile,
+    key_tile,
+    query_tile,
+)
+from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
+from fla_bwd.ops.utils.index import sequence_lengths, varlen_tiles
+
+_HEURISTICS = {
+    "USE_G": lambda args: args["g_cumsum"] is not None,
+    "USE_SINK": lambda args: args["sink_bias"] is not None,
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    # Tail queries (`host.tail_forward`): q holds the last T - Q0 positions of the keys' sequence. Q0 None: every
+    # position is a query, and the kernels compile to exactly what they were before tail queries existed.
+    "TAIL_Q": lambda args: args["Q0"] is not None,
+}
+# The forward also stores o's rounding residual (EXACT_O) where it is given a buffer for it.
+_FWD_HEURISTICS = dict(_HEURISTICS, EXACT_O=lambda args: args["o_lo"] is not None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _query_tile(B, T, Q0, cu_seqlens, chunk_indices, HQ: tl.constexpr, G: tl.constexpr, BT: tl.constexpr,
+                IS_VARLEN: tl.constexpr, TAIL_Q: tl.constexpr):
+    """`query_tile`, plus the int64 row of q/o/dO/dq that holds position 0 of the sequence (`qbos`). With TAIL_Q the
+    programs cover the T - Q0 query positions [Q0, T) (Q0 a multiple of BT, dense only): positions stay those of
+    the keys (lse, delta, gc and dgc are indexed by them), and only q, o, dO and dq, which hold T - Q0 rows per
+    sequence, are addressed from a base Q0 rows back."""
+    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
+                                                 IS_VARLEN=IS_VARLEN)
+    qbos = bos
+    if TAIL_Q:
+        t0, o_t, qbos = t0 + Q0, o_t + Q0, _tail_row0(bos, T, Q0)
+        m_t = o_t < T
+    return i_hq, i_h, bos, T, t0, o_t, m_t, qbos
+
+
+@triton.jit
+def _tail_row0(bos, T, Q0):
+    """Tail queries, dense: the (virtual) row of q/o/dO/dq for position 0 of sequence bos // T, which holds its
+    T - Q0 query rows from row (bos // T) * (T - Q0) on."""
+    return bos - (bos // T + 1) * Q0.to(tl.int64)
+
+
+@triton.jit
+def _o_tile(base, qbos, i_hq, o_t, o_v, HQ: tl.constexpr, V: tl.constexpr):
+    """Pointers to the [BT, BV] tile of o (or o_lo, `[B, T, HQ, V]`) of query head i_hq at rows o_t."""
+    return base + (qbos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :]
+
+
+@triton.heuristics(_FWD_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+def parallel_attn_fwd_kernel(
+    q, k, v, o, o_lo, lse, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B, Q0,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, EXACT_O: tl.constexpr,
+):
+    """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
+    input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: also o_lo (o's shape and dtype)
+    = the fp32 o minus o rounded, so that o + o_lo is the fp32 o to ~2**-17."""
+    tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
+    if CONTAIN == FIXUP:
+        if tl.load(nonfinite + tl.program_id(0)) == 0:
+            return
+    i_hq, i_h, bos, T, t0, o_t, m_t, qbos = _query_tile(B, T, Q0, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
+                                                        IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    q_base = q + (qbos * HQ + i_hq) * K
+    k_base = k + (bos * H + i_h) * K
+    v_base = v + (bos * H + i_h) * V
+    g_base = g_cumsum
+    if USE_G:
+        g_base = g_cumsum + i_hq.to(tl.int64) * NTOK + bos
+    # [BT, BK]
+    b_q = tl.load(q_base + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :],
+                  mask=m_t[:, None] & (o_k[None, :] < K), other=0)
+    b_gq = tl.zeros([BT], dtype=tl.float32)
+    if USE_G:
+        b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
+    qk_scale = scale * LOG2E
+    b_o, b_m, b_l = fwd_tile(
+        b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP)
+    if CONTAIN == INLINE:
+        if any_nonfinite(b_o):
+            b_o, b_m, b_l = fwd_tile(
+                b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+                K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=True)
+    if CONTAIN == FLAG:
+        tl.store(nonfinite + tl.program_id(0), any_nonfinite(b_o).to(tl.int8))
+    if USE_SINK:
+        # The sink is one more logit in the denominator: fold exp(sink) into l at a common maximum.
+        b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
+        b_m_new = tl.maximum(b_m, b_sink)
+        b_alpha = tl.exp2(b_m - b_m_new)
+        b_l = b_l * b_alpha + tl.exp2(b_sink - b_m_new)
+        b_o = b_o * b_alpha[:, None]
+        b_m = b_m_new
+    b_o = b_o / b_l[:, None]
+    tl.store(_o_tile(o, qbos, i_hq, o_t, o_v, HQ=HQ, V=V), b_o.to(o.dtype.element_ty),
+             mask=m_t[:, None] & (o_v[None, :] < V))
+    if EXACT_O:
+        tl.store(_o_tile(o_lo, qbos, i_hq, o_t, o_v, HQ=HQ, V=V),
+                 (b_o - b_o.to(o.dtype.element_ty).to(tl.float32)).to(o_lo.dtype.element_ty),
+                 mask=m_t[:, None] & (o_v[None, :] < V))
+    tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
+
+
+@triton.jit
+def _dq_rows(
+    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+    K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    REFINE_DELTA: tl.constexpr, EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
+    SAFE: tl.constexpr,
+):
+    """The dQ kernel's loops for its tile: (dq unscaled, the delta to store for the dK/dV kernel, and the
+    off-diagonal row sums of P * dP and P that the query side of dgc needs; see `dq_block`). b_delta is
+    rowsum(o * dO): dq uses it unless EXACT_DELTA, where a first loop computes rowsum(P * dP) (two of the three
+    products) for dq and the dK/dV kernel alike; REFINE_DELTA stores rowsum(P * dP) for the dK/dV kernel only."""
+    if EXACT_DELTA:
+        _, b_delta, b_off_pdp, b_off_p = dq_tile(
+            b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+            K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=True, DOT_PREC=DOT_PREC, USE_G=USE_G,
+            COMPUTE_DQ=False, SAFE=SAFE)
+    b_dq, b_pdp, b_off_pdp2, b_off_p2 = dq_tile(
+        b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, DOT_PREC=DOT_PREC, USE_G=USE_G,
+        COMPUTE_DQ=True, SAFE=SAFE)
+    if REFINE_DELTA:
+        b_delta, b_off_pdp, b_off_p = b_pdp, b_off_pdp2, b_off_p2
+    elif not EXACT_DELTA:
+        b_off_pdp, b_off_p = b_off_pdp2, b_off_p2  # zeros: no row sums without REFINE_DELTA
+    return b_dq, b_delta, b_off_pdp, b_off_p
+
+
+@triton.heuristics(_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+def parallel_attn_bwd_kernel_dq(
+    q, k, v, o, do, dq, dgc_q, lse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens, chunk_indices,
+    scale, T, W, NTOK, B, Q0,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr,
+    EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
+):
+    """dQ for one query tile of one query head, over the same key ranges as the forward, and delta for the dK/dV
+    kernel (`host.add_dq` says which delta). By default it computes delta = rowsum(o * dO) of its rows and stores
+    it (no separate preprocess launch: a launch costs more host time than this sum costs the GPU, PERF.md #14).
+    With REFINE_DELTA it then replaces delta by rowsum(P * dP) for the kernels that run next (see the end of this
+    kernel), and with gates it stores the query side of dgc (see `dkv_one_head`). With EXACT_DELTA it computes
+    rowsum(P * dP) in a first loop over the keys and uses that for dq too (`_dq_rows`). With a sink it stores its
+    rows' share of dsink = -sum_i p_sink_i * delta_i into `dsink_partial` `[HQ, programs // HQ]` (summed in a fixed
+    order by the dK/dV kernel, `_sum_dsink`). CONTAIN as in the forward kernel."""
+    tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
+    tl.static_assert(not (REFINE_DELTA and EXACT_DELTA), "one way of computing delta")
+    if CONTAIN == FIXUP:
+        if tl.load(nonfinite + tl.program_id(0)) == 0:
+            return
+    i_hq, i_h, bos, T, t0, o_t, m_t, qbos = _query_tile(B, T, Q0, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
+                                                        IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    k_base = k + (bos * H + i_h) * K
+    v_base = v + (bos * H + i_h) * V
+    row_base = i_hq.to(tl.int64) * NTOK + bos
+    g_base = g_cumsum
+    if USE_G:
+        g_base = g_cumsum + row_base
+    p_q = (qbos * HQ + i_hq) * K + o_t[:, None].to(tl.int64) * (HQ * K) + o_k[None, :]
+    m_q = m_t[:, None] & (o_k[None, :] < K)
+    # [BT, BK]
+    b_q = tl.load(q + p_q, mask=m_q, other=0)
+    p_o = (qbos * HQ + i_hq) * V + o_t[:, None].to(tl.int64) * (HQ * V) + o_v[None, :]
+    m_o = m_t[:, None] & (o_v[None, :] < V)
+    # [BT, BV]
+    b_do = tl.load(do + p_o, mask=m_o, other=0)
+    b_lse = tl.load(lse + row_base + o_t, mask=m_t, other=float("inf"))
+    if EXACT_DELTA:
+        b_delta = tl.zeros([BT], dtype=tl.float32)  # not read: the first loop of `_dq_rows` computes it
+    else:
+        b_delta = tl.sum(tl.load(o + p_o, mask=m_o, other=0).to(tl.float32) * b_do.to(tl.float32), 1)
+    b_gq = tl.zeros([BT], dtype=tl.float32)
+    if USE_G:
+        b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
+    qk_scale = scale * LOG2E
+    b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
+        b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA, DOT_PREC=DOT_PREC,
+        USE_G=USE_G, SAFE=CONTAIN == FIXUP)
+    if CONTAIN != FIXUP:
+        bad = any_nonfinite(b_dq) | any_nonfinite((b_delta_out + b_off_pdp + b_off_p)[:, None])
+        if CONTAIN == INLINE:
+            if bad:
+                b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
+                    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+                    K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA,
+                    DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=True)
+        else:
+            tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
+    tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
+    # delta = rowsum(o * dO) carries o's rounding to the input dtype, and the gate gradient is a reverse cumsum of
+    # differences of dS sums, which turns that error into a random walk along the sequence (PERF.md #4): gated and
+    # sink calls store rowsum(P * dP), the same quantity from fp32 terms, for the dK/dV kernel, which runs next and
+    # computes the key side of dgc (and dK, dsink) from it.
+    tl.store(delta + row_base + o_t, b_delta_out, mask=m_t)
+    if USE_SINK:
+        b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
+        tl.store(dsink_partial + tl.program_id(0) // HQ + i_hq.to(tl.int64) * (tl.num_programs(0) // HQ),
+                 -tl.sum(b_delta_out * tl.exp2(b_sink - b_lse), 0))
+    if USE_G and (REFINE_DELTA or EXACT_DELTA):  # the host always picks one with gates
+        # Query side of dgc_j: sum over keys i < j of P_ji * (dP_ji - delta_j), from the fp32 sums.
+        tl.store(dgc_q + row_base + o_t, b_off_pdp - b_delta_out * b_off_p, mask=m_t)
+
+
+@triton.jit
+def _load_kv_tile(k, v, bos, i_h, o_s, m_s, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr):
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    # [BT, BK], [BT, BV]
+    b_k = tl.load(k + (bos * H + i_h) * K + o_s[:, None].to(tl.int64) * (H * K) + o_k[None, :],
+                  mask=m_s[:, None] & (o_k[None, :] < K), other=0)
+    b_v = tl.load(v + (bos * H + i_h) * V + o_s[:, None].to(tl.int64) * (H * V) + o_v[None, :],
+                  mask=m_s[:, None] & (o_v[None, :] < V), other=0)
+    return b_k, b_v
+
+
+@triton.jit
+def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Store a dK/dV tile into `[B, T, NH, K]` / `[B, T, NH, V]` buffers, casting once to the buffer's dtype."""
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    tl.store(dk + (bos * NH + i_head) * K + o_s[:, None].to(tl.int64) * (NH * K) + o_k[None, :],
+             b_dk.to(dk.dtype.element_ty), mask=m_s[:, None] & (o_k[None, :] < K))
+    tl.store(dv + (bos * NH + i_head) * V + o_s[:, None].to(tl.int64) * (NH * V) + o_v[None, :],
+             b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & (o_v[None, :] < V))
+
+
+@triton.jit
+def _dkv_heads(
+    q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, b_k, b_v, i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s, T, W,
+    NTOK, NTILE, Q0, qk_scale,
+    HQ: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
+    SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
+):
+    """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
+    then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`). STORE_DS: head
+    i_hq0 + i stores its dS tiles into band ds_slot0 + i of the descriptor `ds` (NTILE tiles a band, `from_ds.py`).
+    ACC_IN: start from the fp32 sums in dk_in, dv_in (the heads of earlier launches) instead of zeros."""
+    qbos = bos
+    if TAIL_Q:
+        qbos = _tail_row0(bos, T, Q0)
+    if ACC_IN:
+        b_dk, b_dv = _load_kv_tile(dk_in, dv_in, bos, i_head, o_s, m_s, H=NH, K=K, V=V, BK=BK, BV=BV)
+    else:
+        b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    # Unrolled with the dS store: there a runtime head loop made the loops spill 5x more at run time (PERF.md #42i).
+    for i_g in tl.range(0, NUM_HEADS, loop_unroll_factor=NUM_HEADS if STORE_DS else None):
+        i_hq = i_hq0 + i_g
+        row_base = i_hq.to(tl.int64) * NTOK + bos
+        g_base, dgk_base, b_gk = g_cumsum, dgc_k, 0.0
+        if USE_G:
+            g_base = g_cumsum + row_base
+            if not STORE_DS:  # else dQ from dS sums the gate's key side (`from_ds.py`): dgc_k is None
+                dgk_base = dgc_k + row_base
+            o_s = s0 + tl.arange(0, BT)
+            b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
+        ds_tile0 = 0
+        if STORE_DS:
+            ds_tile0 = tl.cast(ds_slot0 + i_g, tl.int64) * NTILE
+        b_dk, b_dv = dkv_one_head(
+            b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
+            delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, HQ * K, HQ * V,
+            K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q,
+            STORE_DS=STORE_DS)
+    return b_dk, b_dv
+
+
+@triton.jit
+def _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ: tl.constexpr, BP: tl.constexpr):
+    """dsink[h] = the sum of the dQ kernel's partials `[HQ, NUM_PARTIALS]` of head h, in dsink's dtype, added in a
+    fixed order by one program: the same on every run, and no launch of its own (issue 19)."""
+    o_p = tl.arange(0, BP)
+    for i_hq in range(HQ):
+        p_part = dsink_partial + i_hq * NUM_PARTIALS  # HQ * programs: far below 2**31
+        b_acc = tl.zeros([BP], dtype=tl.float32)
+        for i_p in range(0, NUM_PARTIALS, BP):
+            b_acc += tl.load(p_part + i_p + o_p, mask=i_p + o_p < NUM_PARTIALS, other=0)
+        tl.store(dsink + i_hq, tl.sum(b_acc, 0).to(dsink.dtype.element_ty))
+
+
+@triton.jit
+def _dkv_tile(
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale, i_h, i_hq0, i_head,
+    ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0,
+    HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
+    STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr,
+):
+    """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
+    i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the key side of dgc
+    and the dS tiles are plain stores, so a recomputed tile overwrites them). STORE_DS, ACC_IN: see `_dkv_heads`;
+    ACC_OUT: store the fp32 sums unscaled, for the next chunk of heads to continue."""
+    b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H=H, K=K, V=V, BK=BK, BV=BV)
+    b_dk, b_dv = _dkv_heads(
+        q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, b_k, b_v, i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s,
+        T, W, NTOK, NTILE, Q0, scale * LOG2E,
+        HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
+        SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN)
+    if CONTAIN != FIXUP:
+        bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
+        if CONTAIN == INLINE:
+            if bad:
+                b_dk, b_dv = _dkv_heads(
+                    q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, b_k, b_v, i_hq0, i_head, ds_slot0, bos, s0,
+                    o_s, m_s, T, W, NTOK, NTILE, Q0, scale * LOG2E,
+                    HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
+                    DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN)
+        else:
+            tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
+    if not ACC_OUT:
+        b_dk *= scale
+    _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH=NH, K=K, V=V, BK=BK, BV=BV)
+
+
+# The dK/dV kernels take the dQ kernel's dsink partials instead of the sink itself.
+_DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
+                   "TAIL_Q": _HEURISTICS["TAIL_Q"], "USE_SINK": lambda args: args["dsink"] is not None}
+# The KV-head-owned kernel also serves the five-product backward (`from_ds.py`): dS stores, chunks of heads.
+_DKV_KV_HEURISTICS = dict(_DKV_HEURISTICS, STORE_DS=lambda args: args["ds"] is not None,
+                          ACC_IN=lambda args: args["dk_in"] is not None)
+
+
+@triton.heuristics(_DKV_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
+def parallel_attn_bwd_kernel_dkv_per_query_head(
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
+    scale, T, W, NTOK, B, NUM_PARTIALS, Q0,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
+):
+    """Query-head-owned dK/dV: one program per (key tile, query head). Writes `[B, T, HQ, *]` buffers (fp32 when G > 1;
+    the host then sums each group of G heads). With a sink, program 0 also completes dsink (`_sum_dsink`)."""
+    tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
+    if CONTAIN == FIXUP:
+        if tl.load(nonfinite + tl.program_id(0)) == 0:
+            return
+    i_hq, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
+    _dkv_tile(
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, scale,
+        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
+        NTILE=0, Q0=Q0, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
+        DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q, STORE_DS=False, ACC_IN=False, ACC_OUT=False)
+    if USE_SINK and CONTAIN != FIXUP:
+        if tl.program_id(0) == 0:
+            _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
+
+
+@triton.heuristics(_DKV_KV_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS", "NTILE", "G0"])
+def parallel_attn_bwd_kernel_dkv_per_kv_head(
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
+    ds, dk_in, dv_in, scale, T, W, NTOK, B, NUM_PARTIALS, Q0, NTILE, G0,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
+    ACC_OUT: tl.constexpr, CHUNK: tl.constexpr, HEADS: tl.constexpr,
+):
+    """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
+    loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
+    dtype: no HQ-shaped scratch, no reduction kernel, no atomics (so it is deterministic).
+
+    With SPLIT > 1 the group's heads are dealt to SPLIT programs of G / SPLIT heads each, which store fp32 partials
+    into `[B, T, H * SPLIT, *]` for the host to sum: SPLIT times the programs, for calls too short to keep the GPU
+    busy with one program per KV head (the dispatch rule is `config.gqa_split`). With a sink, program 0 also
+    completes dsink (`_sum_dsink`).
+
+    The five-product backward (`from_ds.py`; dense, no sink) launches it for HEADS query heads of each
+    program's share of a group at a time, heads [G0, G0 + HEADS) of the share, of a chunk of CHUNK heads a share
+    whose dS tiles share one buffer: each program also stores its dS tiles (STORE_DS), starts from the earlier
+    launches' fp32 sums (ACC_IN) and, but for the last launch, stores fp32 sums unscaled (ACC_OUT)."""
+    tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
+    tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
+    tl.static_assert(not STORE_DS or not (USE_SINK or IS_VARLEN or TAIL_Q),
+                     "the five-product backward is dense and sinkless")
+    if CONTAIN == FIXUP:
+        if tl.load(nonfinite + tl.program_id(0)) == 0:
+            return
+    i_part, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT, BT=BT,
+                                            IS_VARLEN=IS_VARLEN)
+    i_hq0 = i_part * (G // SPLIT)
+    ds_slot0 = 0
+    if STORE_DS:
+        i_hq0 += G0
+        # The band of this launch's first head: (batch, KV head and share, head in chunk).
+        ds_slot0 = (bos // T * (H * SPLIT) + i_part) * CHUNK + G0 % CHUNK
+        # One [B * H * SPLIT * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `from_ds.ds_chunk`).
+        ds = tl.make_tensor_descriptor(ds, shape=[B * (H * SPLIT * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
+                                       block_shape=[BT, BS])
+    _dkv_tile(
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale,
+        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
+        W=W, NTOK=NTOK, NTILE=NTILE, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS if STORE_DS else G // SPLIT,
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q,
+        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT)
+    if USE_SINK and CONTAIN != FIXUP:
+        if tl.program_id(0) == 0:
+            _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# dK/dV dispatch
+# ----------------------------------------------------------------------------------------------------------------
+
+class DkvKernel(NamedTuple):
+    """The dK/dV kernel of one backward: KV-head-owned (`per_kv_head`; each group's query heads dealt to `split`
+    programs whose fp32 partials are then summed) or query-head-owned (`split` 1; then a sum over each group)."""
+    per_kv_head: bool
+    split: int = 1
+
+    @property
+    def name(self) -> str:
+        """The name users type for it (FLA_BWD_DKV_PATH, `dkv_path`)."""
+        if not self.per_kv_head:
+            return "per-query-head"
+        return "gqa" if self.split == 1 else f"gqa-split{self.split}"
+
+
+PER_QUERY_HEAD = DkvKernel(per_kv_head=False)
+_BY_NAME = {"gqa": DkvKernel(True, 1), "gqa-split2": DkvKernel(True, 2), "gqa-split4": DkvKernel(True, 4),
+            "per-query-head": PER_QUERY_HEAD, "legacy": PER_QUERY_HEAD}
+
+
+def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: Optional[int] = None,
+                      cu_seqlens: Optional[torch.Tensor] = None) -> DkvKernel:
+    """The dK/dV kernel that a seven-product backward of these inputs uses (`dkv_kernel_for`, settings read now).
+    A five-product backward (`from_ds.five_product_chunk`: long dense calls by default) runs the KV-head-owned kernel
+    with its dS store instead."""
+    B, T, HQ, K = q.shape
+    W = T if window_size is None else window_size
+    lengths = sequence_lengths(B, T, varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None)
+    return dkv_kernel_for(B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, q.device, W, lengths,
+                          settings.forced_dkv_path())
+
+
+@functools.lru_cache(maxsize=1024)
+def dkv_kernel_for(B: int, T: int, HQ: int, H: int, K: int, V: int, dtype: torch.dtype, device: torch.device,
+                   W: int, lengths: tuple, forced: str) -> DkvKernel:
+    """The dK/dV kernel for one call.
+
+    KV-head-owned for fp16/bf16 GQA with K == V in {64, 128} and G in {2, 4, 8}: one program per KV head unless on
+    a GPU the call is load-imbalanced for it, then the smallest split that balances it (`config.gqa_split`), and
+    query-head-owned if none does. Everything else is query-head-owned: MHA has nothing to reduce, and fp32,
+    K != V, other head dims and G > 8 have not been measured to win (PERF.md, "dK/dV dispatch").
+    `forced` (`settings.forced_dkv_path()`: `dkv_path(...)` or FLA_BWD_DKV_PATH) forces any kernel; all are correct
+    for every input they accept, and a forced split that does not divide G raises ValueError here, before any
+    backward kernel runs.
+    """
+    G = HQ // H
+    if forced != "auto":
+        kernel = _BY_NAME[forced]
+        if G % kernel.split:
+            raise ValueError(f"dK/dV path {forced!r} deals each group's query heads to {kernel.split} programs, so "
+                             f"it needs HQ // H to be a multiple of {kernel.split}; got HQ // H = {G}")
+        return kernel
+    if not (dtype in (torch.float16, torch.bfloat16) and K == V and K in (64, 128) and G in (2, 4, 8)):
+        return PER_QUERY_HEAD
+    if device.type != "cuda":
+        return _BY_NAME["gqa"]
+    split = gqa_split(lengths, H, G, K, W, sm_count(device))
+    return PER_QUERY_HEAD if split is None else DkvKernel(True, split)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------------------------
+
+def parallel_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    window_size: Optional[int] = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    chunk_indices: Optional[torch.Tensor] = None,
+    *,
+    sink_bias: Optional[torch.Tensor] = None,
+    **kwargs,
+) -> torch.Tensor:
+    """Causal softmax attention with GQA, forget gates, a sliding window, attention sinks and packed sequences.
+
+    Args:
+        q: `[B, T, HQ, K]` queries, float16, bfloat16 or float32.
+        k: `[B, T, H, K]` keys, q's dtype. HQ must be a multiple of H; query head h reads KV head h // (HQ // H).
+        v: `[B, T, H, V]` values, q's dtype. K and V are any sizes from 1 to 256 and may differ.
+        g: optional `[B, T, HQ]` log forget gate (Forgetting Transformer), any float dtype. With gc its cumulative
+            sum over each sequence (fp32), score(i, j) += gc_i - gc_j.
+        scale: score scale; defaults to K ** -0.5. Must be finite.
+        window_size: optional W >= 1; query i sees keys [i - W + 1, i] (flash-attn's `(W - 1, 0)`). None (or
+            W >= T) is full causal. 0 is FLA's "no key visible", allowed with `sink_bias` only: o is 0 and every
+            gradient 0 (the sink takes all the mass).
+        cu_seqlens: optional `[N + 1]` int32/int64 offsets of N packed sequences (FlashAttention convention:
+            starts at 0, non-decreasing, ends at T); requires B == 1. Attention never crosses a sequence boundary
+            and the gate's cumsum restarts at each sequence start.
+        chunk_indices: FLA's precomputed `[NT, 2]` tile list of `cu_seqlens` (`prepare_chunk_indices`); accepted
+            and checked for FLA's calls, not read (this package tiles from `cu_seqlens` itself).
+        sink_bias: optional `[HQ]` attention-sink logits (GPT-OSS): one extra logit per query head in the softmax
+            denominator only. Its gradient is computed in fp32 and returned in sink_bias's dtype.
+
+    Returns:
+        o: `[B, T, HQ, V]` in q's dtype. Differentiable with respect to q, k, v, g and sink_bias; gradients come
+        back in each input's dtype. The backward is deterministic (bitwise identical run to run). A NaN or Inf
+        in an input reaches only the outputs and gradients that depend on it; everything else is bitwise what it
+        would be without it (`tests/ops/test_attn_nan.py`).
+
+    Raises:
+        TypeError / ValueError naming the argument for any invalid input (shapes, dtypes, devices, cu_seqlens,
+        window_size, scale, an unknown keyword; FLA's removed `head_first` raises `HeadFirstRemoved`, a
+        TypeError), before any kernel runs.
+
+    The package is Triton-only: `FLA_DISABLE_BACKEND_DISPATCH=1` is accepted and changes nothing. The dK/dV kernel
+    is picked per call by `select_dkv_kernel`; force one with `dkv_path(...)` or FLA_BWD_DKV_PATH. dq is
+    recomputed (seven products) or read from stored dS tiles (five products: long dense MHA by default,
+    `from_ds.five_product_chunk`; `dq_path(...)` or FLA_BWD_DQ_PATH, scratch bounded by FLA_BWD_DS_BUDGET_MIB).
+    """
+    check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices, kwargs)
+    if window_size == 0:  # FLA's meaning: no key visible, the sink (required) takes all the mass
+        return NoKeyVisible.apply(q, k, v, g, sink_bias)
+    if q.is_cuda and torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
+        # Under autocast, attention runs in the autocast dtype; the casts are differentiable, so the gradients
+        # come back in the inputs' (fp32) dtypes.
+        dtype = torch.get_autocast_dtype("cuda")
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g = g.contiguous() if g is not None else None
+    sink_bias = sink_bias.contiguous() if sink_bias is not None else None  # the kernels cast it to fp32 on load
+    # The kernels read cu_seqlens with unit stride.
+    cu_seqlens = cu_seqlens.contiguous() if cu_seqlens is not None else None
+    args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), window_size or 0)
+    if torch.compiler.is_compiling():
+        return parallel_attn_fwd_op(*args)[0]
+    return EagerParallelAttn.apply(*args)
+
+
+# Bottom import: autograd -> host -> the kernels and dispatch above (every import of this package runs this module
+# first, through fla_bwd/ops/attn/__init__.py, so the cycle always resolves in this order).
+from fla_bwd.ops.attn.autograd import EagerParallelAttn, NoKeyVisible, parallel_attn_fwd_op  # noqa: E402

@@ -1,0 +1,282 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Argument validation for the attention ops: every bad input gets a ValueError/TypeError naming the argument.
+
+It also refuses, before any kernel, tensors the kernels cannot run on: real meta tensors (no data), CPU tensors when
+Triton's interpreter is off, any tensor when the interpreter is only half on (`triton_mode`), and devices other than
+CUDA for compiled kernels.
+"""
+
+import math
+import numbers
+import os
+import sys
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_HEAD_DIM = 256
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _tensor(name: str, x, ndim: int) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
+def _float(name: str, x: torch.Tensor) -> None:
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Can the kernels run at all? (Triton's interpreter, devices)
+# ----------------------------------------------------------------------------------------------------------------
+
+INTERPRETED, COMPILED, MIXED = "interpreted", "compiled", "mixed"
+
+
+@triton.jit
+def _probe():
+    # A kernel of this package decorated in the same import as the others: its type is what @triton.jit chose for
+    # fla_bwd, whichever of our modules are loaded when `triton_mode` first runs.
+    pass
+
+
+def _kernel_types() -> tuple:
+    """(InterpretedFunction or None, the set of types of this package's kernel objects, the type of tl.sum)."""
+    from triton.runtime.jit import JITFunction, KernelInterface
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover - a triton without the interpreter
+        InterpretedFunction = None
+    leaves = (JITFunction,) + ((InterpretedFunction,) if InterpretedFunction is not None else ())
+    try:  # Gluon kernels (`gluon_dkv`) are compiled under the interpreter too: it has none for them
+        from triton.experimental.gluon._runtime import GluonJITFunction
+    except ImportError:  # pragma: no cover - a triton without Gluon
+        GluonJITFunction = ()
+    ours = {type(_probe)}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "fla_bwd" or name.startswith("fla_bwd.")):
+            continue
+        for x in list(vars(module).values()):
+            while isinstance(x, KernelInterface) and not isinstance(x, leaves) and hasattr(x, "fn"):
+                x = x.fn  # triton.heuristics / autotune wrappers
+            if isinstance(x, GluonJITFunction):
+                continue
+            if isinstance(x, leaves) and getattr(getattr(x, "fn", None), "__module__", "").startswith("fla_bwd"):
+                ours.add(type(x))
+    # triton.language's own @jit helpers (tl.sum, tl.max, tl.cdiv, ...) were decorated when triton was imported.
+    return InterpretedFunction, ours, type(tl.sum)
+
+
+# Under torch.compile the answer is a constant of the process: traced as one, so no guard watches the module scan.
+@torch.compiler.assume_constant_result
+def triton_mode() -> str:
+    """How this package's kernels will run: `INTERPRETED`, `COMPILED` or `MIXED`, decided from the types of the
+    kernel objects, not from the TRITON_INTERPRET variable.
+
+    Triton 3.6-3.9 decide per `@triton.jit` decoration (`triton.runtime.jit.jit` reads `knobs.runtime.interpret`,
+    i.e. TRITON_INTERPRET, at that moment): an `InterpretedFunction` when it is set, a `JITFunction` otherwise. So a
+    variable set after `import triton` (which decorates `triton.language`'s own helpers such as `tl.sum`) but before
+    `import fla_bwd` gives interpreted kernels that call compiled helpers, which fails inside the first kernel with
+    "Cannot call @triton.jit'd outside of the scope of a kernel": that is `MIXED`. A variable set after
+    `import fla_bwd` leaves the kernels compiled (`COMPILED`). Computed once (the types cannot change), then a
+    module global.
+    """
+    global _MODE
+    if _MODE is None:
+        interpreted_type, ours, lib = _kernel_types()
+        types = ours | {lib}
+        if interpreted_type is not None and types == {interpreted_type}:
+            _MODE = INTERPRETED
+        elif interpreted_type is None or interpreted_type not in types:
+            _MODE = COMPILED
+        else:
+            _MODE = MIXED
+    return _MODE
+
+
+_MODE: Optional[str] = None
+
+
+def _interpret_hint() -> str:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return (" (TRITON_INTERPRET is set now, but was not when triton and fla_bwd were imported: Triton chooses "
+                "interpreted or compiled when each kernel is decorated, at import)")
+    return ""
+
+
+def check_runnable(name: str, x: torch.Tensor) -> None:
+    """Refuse a tensor the kernels cannot run on, with what to do. Called for non-CUDA tensors (and once for CUDA
+    ones, until `triton_mode` is known): the CUDA path costs `check_attn_inputs` one device-type compare."""
+    device = x.device
+    if device.type == "meta":
+        if torch.compiler.is_compiling() or _is_fake(x):
+            return  # torch.compile traces fake tensors through the op's fake implementation: nothing runs
+        raise ValueError(f"{name} is a meta tensor (a shape without data), so there is nothing to compute on: pass "
+                         f"real tensors on a CUDA device (or on the CPU with TRITON_INTERPRET=1 set before importing "
+                         f"triton); meta/fake tensors are accepted only under torch.compile or a FakeTensorMode")
+    mode = triton_mode()
+    if mode == MIXED:
+        raise ValueError(
+            f"{name} cannot be processed: Triton's interpreter is only half on. TRITON_INTERPRET=1 was set after "
+            f"`import triton` but before `import fla_bwd`, so fla_bwd's kernels are interpreted while "
+            f"triton.language's own helpers (tl.sum, ...) are compiled, and the first kernel would fail with "
+            f"\"Cannot call @triton.jit'd outside of the scope of a kernel\": set TRITON_INTERPRET=1 before "
+            f"importing triton (in the shell, or first thing in the program), or leave it unset to run on a GPU")
+    if mode == INTERPRETED or device.type == "cuda":
+        return
+    if device.type == "cpu":
+        raise ValueError(f"{name} is on the CPU but Triton's interpreter is off{_interpret_hint()}: set "
+                         f"TRITON_INTERPRET=1 before importing triton or fla_bwd, or move the tensors to a CUDA "
+                         f"device ({name}.cuda())")
+    raise ValueError(f"{name} is on {device}, but fla_bwd's compiled kernels launch on CUDA devices only: move the "
+                     f"tensors to a CUDA device, or run on the CPU with TRITON_INTERPRET=1 set before importing "
+                     f"triton or fla_bwd")
+
+
+def _is_fake(x: torch.Tensor) -> bool:
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(x, FakeTensor)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Arguments
+# ----------------------------------------------------------------------------------------------------------------
+
+class HeadFirstRemoved(TypeError, DeprecationWarning):
+    """FLA's `parallel_attn` raises `DeprecationWarning` for `head_first`; this is also a TypeError, the error this
+    package raises for a bad argument, so code written for either catches it."""
+
+
+def check_fla_kwargs(kwargs: dict) -> None:
+    """The keywords FLA's `parallel_attn(..., **kwargs)` swallows. FLA raises for `head_first` (removed: inputs are
+    `[B, T, H, ...]`) and silently ignores everything else; this package refuses every other unknown keyword too,
+    so that a misspelt argument (`windows_size=`) is not silently dropped."""
+    if not kwargs:
+        return
+    if "head_first" in kwargs:
+        raise HeadFirstRemoved("head_first has been removed (as in FLA's parallel_attn, which raises "
+                               "DeprecationWarning for it): pass q, k, v as [B, T, H, ...] and drop head_first")
+    names = ", ".join(sorted(kwargs))
+    raise TypeError(f"parallel_attn got unexpected keyword argument(s) {names}: FLA's parallel_attn ignores unknown "
+                    f"keywords, this one refuses them; its arguments are q, k, v, g, scale, window_size, "
+                    f"cu_seqlens, chunk_indices and sink_bias")
+
+
+def check_chunk_indices(chunk_indices, device: torch.device) -> None:
+    """FLA's `chunk_indices`: `prepare_chunk_indices(cu_seqlens, 128)` precomputed by the caller, `[NT, 2]` integer
+    (sequence index, tile index within it). A cache of what `cu_seqlens` already says; this package tiles with its
+    own tile lists, so its values are not read (and, as in FLA, it is unused without `cu_seqlens`)."""
+    _tensor("chunk_indices", chunk_indices, 2)
+    if chunk_indices.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"chunk_indices must be int32 or int64, got {chunk_indices.dtype}")
+    if chunk_indices.shape[1] != 2:
+        raise ValueError(f"chunk_indices must be [NT, 2] (sequence index, tile index), got "
+                         f"{tuple(chunk_indices.shape)}")
+    if chunk_indices.device != device:
+        raise ValueError(f"chunk_indices must be on the inputs' device {device}, got {chunk_indices.device}: move "
+                         f"it with chunk_indices.to(q.device)")
+
+
+def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices=None,
+                      kwargs=None) -> None:
+    """Validate `parallel_attn`'s arguments (see its docstring for the shapes); `chunk_indices` and `kwargs` (the
+    extra keywords) are FLA's (`check_chunk_indices`, `check_fla_kwargs`)."""
+    if kwargs:
+        check_fla_kwargs(kwargs)
+    _tensor("q", q, 4)
+    _tensor("k", k, 4)
+    _tensor("v", v, 4)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _float(name, x)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    B, T, HQ, K = q.shape
+    H, V = k.shape[2], v.shape[3]
+    if k.shape != (B, T, H, K):
+        raise ValueError(f"k must be [B, T, H, K] = [{B}, {T}, H, {K}] to match q {tuple(q.shape)}, "
+                         f"got {tuple(k.shape)}")
+    if v.shape[:3] != (B, T, H):
+        raise ValueError(f"v must be [B, T, H, V] = [{B}, {T}, {H}, V] to match k {tuple(k.shape)}, "
+                         f"got {tuple(v.shape)}")
+    if H == 0 or HQ % H != 0:
+        raise ValueError(f"the number of query heads HQ={HQ} (q.shape[2]) must be a multiple of the number of "
+                         f"key/value heads H={H} (k.shape[2])")
+    for name, d in (("K (q.shape[3])", K), ("V (v.shape[3])", V)):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"head dim {name} must be in [1, {MAX_HEAD_DIM}], got {d}")
+    devices = {("q", q.device), ("k", k.device), ("v", v.device)}
+    if g is not None:
+        _tensor("g", g, 3)
+        if not g.dtype.is_floating_point:
+            raise TypeError(f"g must be a floating-point tensor, got {g.dtype}")
+        if g.shape != (B, T, HQ):
+            raise ValueError(f"g must be [B, T, HQ] = [{B}, {T}, {HQ}], got {tuple(g.shape)}")
+        devices.add(("g", g.device))
+    if sink_bias is not None:
+        _tensor("sink_bias", sink_bias, 1)
+        if not sink_bias.dtype.is_floating_point:
+            raise TypeError(f"sink_bias must be a floating-point tensor, got {sink_bias.dtype}")
+        if sink_bias.shape != (HQ,):
+            raise ValueError(f"sink_bias must be [HQ] = [{HQ}], got {tuple(sink_bias.shape)}")
+        devices.add(("sink_bias", sink_bias.device))
+    if len({d for _, d in devices}) > 1:
+        raise ValueError("q, k, v, g and sink_bias must be on one device, got "
+                         + ", ".join(f"{n} on {d}" for n, d in sorted(devices, key=lambda x: x[0]))
+                         + ": move them to one device, e.g. with .to(q.device)")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+    if window_size is not None:
+        if isinstance(window_size, bool) or not isinstance(window_size, int):
+            raise TypeError(f"window_size must be a non-negative int or None, got {type(window_size).__name__}")
+        if window_size < 0:
+            raise ValueError(f"window_size must be >= 0 (W >= 1: query i sees keys [i - W + 1, i]; 0: no key, "
+                             f"with sink_bias only), got {window_size}")
+        if window_size == 0 and sink_bias is None:
+            # FLA's meaning of 0: every key masked. With a sink the sink takes all the mass (o = 0); without one
+            # the softmax has no term at all (FLA returns 0 / 0 = NaN), which is refused here.
+            raise ValueError("window_size=0 masks every key, so without sink_bias the softmax has no term (FLA's "
+                             "parallel_attn returns NaN there): pass window_size >= 1, None for full causal "
+                             "attention, or a sink_bias (then o is 0, as in FLA)")
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, B, q.device)
+    if chunk_indices is not None:
+        check_chunk_indices(chunk_indices, q.device)
+    # Last, once every argument is known good: can the kernels run on these tensors at all? On a GPU one call (a
+    # global read once the mode is known) and two compares; on the CPU under the interpreter, one more compare.
+    # Everything else (meta, CPU without the interpreter, half-on interpreter) is the slow path.
+    device_type = q.device.type
+    mode = triton_mode()
+    if (device_type != "cuda" or mode != COMPILED) and (device_type == "meta" or mode != INTERPRETED):
+        check_runnable("q", q)
+
+
+def check_cu_seqlens(cu_seqlens, B: int, device: torch.device) -> None:
+    """Structure of `cu_seqlens` (type, rank, dtype, device, B == 1); its values are read and checked at every call by
+    `fla_bwd.ops.utils.index.varlen_tiles`, inside the op, so that `torch.compile` traces none of it."""
+    _tensor("cu_seqlens", cu_seqlens, 1)
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens requires packed inputs with batch size B == 1, got B = {B}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens must be on the inputs' device {device}, got {cu_seqlens.device}: move it "
+                         f"with cu_seqlens.to(q.device)")
+    if cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must hold at least 2 offsets [0, ..., T], got {cu_seqlens.numel()}")
+
+
+def resolve_scale(scale: Optional[float], K: int) -> float:
+    return K ** -0.5 if scale is None else float(scale)

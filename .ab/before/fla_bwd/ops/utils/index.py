@@ -1,0 +1,108 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""Packed variable-length sequences: the offsets of `cu_seqlens`, read and validated on every call, and the
+(sequence, tile) work lists of the kernels.
+
+The kernels read `cu_seqlens` itself and a tile list built from its values on the host, so the host copy must be
+the tensor's values at the call: they are read on every call (for a tensor on the GPU, one device-to-host copy of
+N + 1 integers, which waits for the work queued before it; the backward reuses its forward's copy). A cache keyed
+on the tensor object instead (its identity and version counter) returned stale offsets after an edit that does
+not bump the version (through `.numpy()`, `.data` or DLPack; issue 19). What is cached is keyed on the values.
+
+Under CUDA-graph capture nothing can be read from the GPU: a capture uses the offsets this tensor had at its last
+call outside the capture (the warm-up calls that torch's graph recipe makes), and the captured graph keeps that
+tiling, as a graph keeps every host-side decision; without such a call it raises.
+"""
+
+import collections
+import functools
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from fla_bwd.utils import cdiv
+
+
+class VarlenTiles:
+    """The validated offsets of one `cu_seqlens` value, with the tile lists and quantities derived from them."""
+
+    def __init__(self, offsets: Tuple[int, ...], device: torch.device):
+        self.offsets = offsets
+        self.lengths = tuple(b - a for a, b in zip(offsets, offsets[1:]))
+        self.device = device
+        self._chunks: Dict[int, torch.Tensor] = {}
+        # What a launch plan depends on (`host.call_of`): the sequence count and the tile count at every tile size
+        # the configs use; not the offsets themselves, so a new batch of the same tile counts reuses its plan.
+        self.key = (len(self.lengths),) + tuple(self.num_tiles(BT) for BT in (16, 32, 64, 128))
+
+    def num_tiles(self, BT: int) -> int:
+        return sum(cdiv(n, BT) for n in self.lengths)
+
+    def chunk_indices(self, BT: int) -> torch.Tensor:
+        """`[NT, 2]` int32 on the device: for every tile of BT tokens of every sequence, (sequence index, tile index
+        inside the sequence). Zero-length sequences have no tile."""
+        if BT not in self._chunks:
+            rows = [(i_n, i_t) for i_n, n in enumerate(self.lengths) for i_t in range(cdiv(n, BT))]
+            self._chunks[BT] = torch.tensor(rows, dtype=torch.int32).reshape(-1, 2).to(self.device)
+        return self._chunks[BT]
+
+
+# Offsets seen last, by value (a training step calls forward and backward, every layer, with one cu_seqlens), and
+# per tensor object the entry of its last call outside a capture (for calls under capture only).
+_BY_VALUE: "collections.OrderedDict[tuple, VarlenTiles]" = collections.OrderedDict()
+_LAST_CALL: list = []
+_CACHE_SIZE = 8
+
+
+def check_offsets(offsets: Tuple[int, ...], T: int) -> None:
+    if offsets[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
+    if any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError("cu_seqlens must be non-decreasing")
+    if offsets[-1] != T:
+        raise ValueError(f"cu_seqlens must end at the packed length T = {T}, got {offsets[-1]}")
+
+
+def varlen_tiles(cu_seqlens: torch.Tensor, T: int) -> VarlenTiles:
+    """The tiles of `cu_seqlens`' current values, after checking them (ValueError) against the packed length T."""
+    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _under_capture(cu_seqlens)
+    key = (tuple(cu_seqlens.tolist()), cu_seqlens.device)
+    tiles = _BY_VALUE.get(key)
+    if tiles is None:
+        check_offsets(key[0], T)
+        tiles = _BY_VALUE[key] = VarlenTiles(*key)
+        while len(_BY_VALUE) > _CACHE_SIZE:
+            _BY_VALUE.popitem(last=False)
+    elif tiles.offsets[-1] != T:
+        check_offsets(key[0], T)
+    if cu_seqlens.is_cuda:
+        _remember(cu_seqlens, tiles)
+    return tiles
+
+
+def _remember(cu_seqlens: torch.Tensor, tiles: VarlenTiles) -> None:
+    for i, (x, _, _) in enumerate(_LAST_CALL):
+        if x is cu_seqlens:
+            del _LAST_CALL[i]
+            break
+    _LAST_CALL.insert(0, (cu_seqlens, cu_seqlens._version, tiles))  # holds the tensor: its id cannot be reused
+    del _LAST_CALL[_CACHE_SIZE:]
+
+
+def _under_capture(cu_seqlens: torch.Tensor) -> VarlenTiles:
+    for x, version, tiles in _LAST_CALL:
+        if x is cu_seqlens and version == cu_seqlens._version:
+            return tiles
+    raise ValueError(
+        "cu_seqlens on the GPU cannot be read during CUDA-graph capture, and this tensor (or its current version) "
+        "was not passed to parallel_attn outside the capture first: call it once with this cu_seqlens before "
+        "capturing (the warm-up that a graph capture needs anyway); the graph keeps the tiling of those values")
+
+
+@functools.lru_cache(maxsize=64)
+def dense_lengths(B: int, T: int) -> Tuple[int, ...]:
+    return (T,) * B
+
+
+def sequence_lengths(B: int, T: int, tiles: Optional[VarlenTiles]) -> Tuple[int, ...]:
+    return dense_lengths(B, T) if tiles is None else tiles.lengths
