@@ -99,6 +99,34 @@ def print_stamps(stamps: List[Tuple[str, float]], indent: str = "    ") -> None:
         previous = us
 
 
+def _stamped_block(timer, bwd, iters: int) -> dict:
+    import torch
+
+    starts, ends, stamps, host = [], [], [], []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        timer.flush()
+        STAMPS.clear()
+        t0 = time.perf_counter()
+        start.record()
+        bwd()
+        end.record()
+        t1 = time.perf_counter()
+        starts.append(start), ends.append(end), host.append((t1 - t0) * 1e6)
+        stamps.append([(n, (t - t0) * 1e6) for n, t in STAMPS])
+    torch.cuda.synchronize()
+    events = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    labels = [n for n, _ in stamps[-1]]
+    same = [r for r in stamps if [n for n, _ in r] == labels]
+    return {"event_us": statistics.median(events), "host_us": statistics.median(host), "events_us": events,
+            "stamps_us": [(n, statistics.median(r[i][1] for r in same)) for i, n in enumerate(labels)]}
+
+
+def _print_block(name: str, block: dict) -> None:
+    print(f"{name}: events {block['event_us']:.1f} us, host {block['host_us']:.1f} us an iteration")
+    print_stamps(block["stamps_us"])
+
+
 def runner_loop(rows: List[str], iters: int) -> dict:
     """The benchmark runner's eager backward-alone loop (`benchmarks.ops.timing.Timer.block`: an L2 flush, a start
     event, the backward, an end event, no synchronize between iterations) on registry rows, stamped: per row the
@@ -107,7 +135,7 @@ def runner_loop(rows: List[str], iters: int) -> dict:
 
     from benchmarks.ops.registry import OPS, SHAPES, make_inputs
     from benchmarks.ops.timing import Timer
-    from fla_bwd.ops.attn import parallel_attn
+    from fla_bwd.ops.attn import dkv_path, parallel_attn
 
     install()
     op, by_name, out = OPS["parallel_attn"], {s.name: s for s in SHAPES}, {}
@@ -121,27 +149,16 @@ def runner_loop(rows: List[str], iters: int) -> dict:
 
         bwd = functools.partial(torch.autograd.grad, o, leaves, do, retain_graph=True)
         timer.warmup(bwd)
-        starts, ends, stamps, host = [], [], [], []
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            timer.flush()
-            STAMPS.clear()
-            t0 = time.perf_counter()
-            start.record()
-            bwd()
-            end.record()
-            t1 = time.perf_counter()
-            starts.append(start), ends.append(end), host.append((t1 - t0) * 1e6)
-            stamps.append([(n, (t - t0) * 1e6) for n, t in STAMPS])
-        torch.cuda.synchronize()
-        events = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-        labels = [n for n, _ in stamps[-1]]
-        same = [r for r in stamps if [n for n, _ in r] == labels]
-        out[row] = {"event_us": statistics.median(events), "host_us": statistics.median(host),
-                    "events_us": events, "stamps_us": [(n, statistics.median(r[i][1] for r in same))
-                                                       for i, n in enumerate(labels)]}
-        print(f"{row}: events {out[row]['event_us']:.1f} us, host {out[row]['host_us']:.1f} us an iteration")
-        print_stamps(out[row]["stamps_us"])
+        out[row] = _stamped_block(timer, bwd, iters)
+        _print_block(row, out[row])
+        # The runner interleaves the A/B's legacy candidate (`dkv_path("legacy")`) with ours: again after its block.
+        with dkv_path("legacy"):
+            o_legacy = op.call(parallel_attn, inputs, shape)
+            legacy = functools.partial(torch.autograd.grad, o_legacy, leaves, do, retain_graph=True)
+            timer.warmup(legacy)
+            out[row]["legacy_event_us"] = statistics.median(timer.block(legacy, iters))
+        out[row + " after legacy"] = _stamped_block(timer, bwd, iters)
+        _print_block(f"{row} after legacy's block ({out[row]['legacy_event_us']:.1f} us)", out[row + " after legacy"])
     return out
 
 
