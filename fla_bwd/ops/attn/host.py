@@ -138,15 +138,11 @@ def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict, scrat
     if contain_inline(s.B, s.HQ, s.T, s.W, max(s.K, s.V)):
         plan.launch(kernel, (programs,), scratch, nonfinite=None, CONTAIN=INLINE.value, **args)
         return
-    _use_flags(plan, programs)
+    # One flag buffer for every pair of the call (`_finish` allocates it): each FLAG launch writes all the flags
+    # its FIXUP reads, and the pairs run in stream order. One allocation less per pair on the host.
+    plan.flags = max(plan.flags, programs)
     for mode in (FLAG, FIXUP):
         plan.launch(kernel, (programs,), scratch, nonfinite=Ref("flags"), CONTAIN=mode.value, **args)
-
-
-def _use_flags(plan: Plan, programs: int) -> None:
-    """Size the call's flag buffer (`_finish` allocates it) for a pair of launches: one buffer for every pair of
-    the call, as each FLAG launch writes all the flags its FIXUP reads, and the pairs run in stream order."""
-    plan.flags = max(plan.flags, programs)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -272,7 +268,7 @@ def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper
     if not hopper:
         add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, programs, args, scratch=True)
         return
-    _use_flags(plan, programs)
+    plan.flags = max(plan.flags, programs)
     plan.add(HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
         q=Ref("q"), k=Ref("k"), v=Ref("v"), do=Ref("do"), lse=Ref("lse"), delta=Ref("delta"), ds=five["ds"], dk=dk,
         dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"],
@@ -292,7 +288,7 @@ def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
 def _new_plan(s: Shape) -> Plan:
     plan = Plan(s.device)
     plan.tile_sizes = set()  # the BTs whose packed tile lists `_run` binds ("chunks{BT}")
-    plan.flags = 0  # programs of the largest two-launch pair (`_use_flags`)
+    plan.flags = 0  # programs of the largest two-launch pair (`add_contained`)
     return plan
 
 

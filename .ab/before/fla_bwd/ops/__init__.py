@@ -1,1 +1,0 @@
-# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
