@@ -5,7 +5,8 @@ a launch, the Hopper dK/dV step), and to the return. The GPU idles until the big
 stamps before it are the host's critical path of a call from an idle queue; all of them together, its throughput.
 
 Used by `profile_host.py --steps` (on the GPU machine: real launches) and `profile_host_cpu.py --stamps` (stubbed
-launches). `install()` patches the package in this process only.
+launches); on its own, `python3 benchmarks/tools/host_steps.py ROWS [N]` stamps the benchmark runner's eager loop
+on registry rows (`runner_loop`). `install()` patches the package in this process only.
 """
 
 import functools
@@ -93,6 +94,7 @@ def median_stamps(fn: Callable, calls: int, before: Optional[Callable] = None) -
 
 
 def print_stamps(stamps: List[Tuple[str, float]], indent: str = "    ") -> None:
+    """One line a stamp: us from the call, (+ us since the stamp before: what the step before took), label."""
     previous = 0.0
     for label, us in stamps:
         print(f"{indent}{us:8.1f} us  (+{us - previous:6.1f})  {label}")
