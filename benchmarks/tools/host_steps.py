@@ -76,8 +76,7 @@ def install() -> None:
 
 def median_stamps(fn: Callable, calls: int, before: Optional[Callable] = None) -> List[Tuple[str, float]]:
     """(label, median us from fn's call) for each stamp of `calls` calls of fn, and ("returned", ...) last;
-    `before` runs ahead of each call, untimed (e.g. a synchronize: a call from an idle queue). Calls whose stamps
-    differ from the last call's labels (a first call's compile) are left out."""
+    `before` runs ahead of each call, untimed (e.g. a synchronize: a call from an idle queue)."""
     rows = []
     for _ in range(calls):
         if before is not None:
@@ -88,6 +87,12 @@ def median_stamps(fn: Callable, calls: int, before: Optional[Callable] = None) -
         t1 = time.perf_counter()
         rows.append([(n, (t - t0) * 1e6) for n, t in STAMPS] + [("returned", (t1 - t0) * 1e6)])
         del result
+    return _medians(rows)
+
+
+def _medians(rows: List[List[Tuple[str, float]]]) -> List[Tuple[str, float]]:
+    """Per stamp of the last call, its median over the calls that made the same stamps (a first call's compile
+    makes others)."""
     labels = [n for n, _ in rows[-1]]
     same = [r for r in rows if [n for n, _ in r] == labels]
     return [(n, statistics.median(r[i][1] for r in same)) for i, n in enumerate(labels)]
@@ -118,10 +123,8 @@ def _stamped_block(timer, bwd, iters: int) -> dict:
         stamps.append([(n, (t - t0) * 1e6) for n, t in STAMPS])
     torch.cuda.synchronize()
     events = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-    labels = [n for n, _ in stamps[-1]]
-    same = [r for r in stamps if [n for n, _ in r] == labels]
     return {"event_us": statistics.median(events), "host_us": statistics.median(host), "events_us": events,
-            "stamps_us": [(n, statistics.median(r[i][1] for r in same)) for i, n in enumerate(labels)]}
+            "stamps_us": _medians(stamps)}
 
 
 def _print_block(name: str, block: dict) -> None:

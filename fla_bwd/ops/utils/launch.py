@@ -247,9 +247,12 @@ class Plan:
                 pending.append(step)
                 continue
             uses = getattr(step, "uses", None)
-            due = [e for e in pending if uses is None or e.name in uses]
-            pending = [e for e in pending if not (uses is None or e.name in uses)]
-            steps += due + [step]
+            if uses is None:
+                steps += pending + [step]
+                pending = []
+                continue
+            steps += [e for e in pending if e.name in uses] + [step]
+            pending = [e for e in pending if e.name not in uses]
         self.steps = steps + pending
 
     def run(self, env: dict) -> dict:
