@@ -138,7 +138,8 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
             _free(device)
             continue
         try:
-            per_round = interleaved(timer, built, st.repeats, st.iters)
+            host = {}
+            per_round = interleaved(timer, built, st.repeats, st.iters, host=host)
         except Exception as e:
             rec["errors"][f"{mode}:timing"] = C.one_line(e, 400)
             for c in cands:
@@ -151,6 +152,8 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
         for name, rounds in per_round.items():
             s = summarize([x for r in rounds for x in r])
             s["round_medians_us"] = [statistics.median(r) for r in rounds]
+            s["host_us"] = statistics.median([x for r in host[name] for x in r])  # a call's issue time
+            s["host_round_medians_us"] = [statistics.median(r) for r in host[name]]
             s["tflops"] = _tflops(flops, s["median_us"])
             res["candidates"][name] = s
         if timer.cuda:
@@ -216,6 +219,8 @@ def mode_line(name: str, mode: str, res: dict) -> str:
     tf = ours.get("tflops")
     s = f"  {name:<24} {mode:<6} {OURS} {ours['median_us']:10.1f} us"
     s += f" {tf:7.1f} TFLOP/s" if tf is not None else ""
+    if ours.get("host_us") is not None:
+        s += f" (host {ours['host_us']:.0f})"
     ab = res.get("ab")
     if ab and ab.get("median"):
         s += f" | A/B legacy/auto {ab['median']:.3f} [{ab['min']:.3f}-{ab['max']:.3f}]"

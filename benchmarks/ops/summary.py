@@ -124,7 +124,7 @@ def rows(data: dict, mode: str):
     """Header and rows of the per-shape table for one mode."""
     records = data.get("results", [])
     peers = peer_names(records, mode)
-    head = ["shape", "config", f"{OURS} us", "TFLOP/s", "A/B legacy/auto [min-max]", f"{LEGACY} us"]
+    head = ["shape", "config", f"{OURS} us", "TFLOP/s", "host us", "A/B legacy/auto [min-max]", f"{LEGACY} us"]
     head += [f"{p} us (x)" for p in peers] + ["kernels", "peak-inputs MiB"]
     body = []
     for r in records:
@@ -135,8 +135,8 @@ def rows(data: dict, mode: str):
         ours = c[OURS]
         ab = m.get("ab") or {}
         abs_ = f"{ab['median']:.3f} [{ab['min']:.3f}-{ab['max']:.3f}]" if ab.get("median") else "-"
-        row = [r["shape"]["name"], r["shape"]["describe"], _fmt(ours["median_us"]), _fmt(ours.get("tflops")), abs_,
-               _fmt(c.get(LEGACY, {}).get("median_us"))]
+        row = [r["shape"]["name"], r["shape"]["describe"], _fmt(ours["median_us"]), _fmt(ours.get("tflops")),
+               _fmt(ours.get("host_us")), abs_, _fmt(c.get(LEGACY, {}).get("median_us"))]
         for p in peers:
             if p in c:
                 x = m.get("vs", {}).get(p, {}).get("median")

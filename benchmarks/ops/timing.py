@@ -10,7 +10,7 @@ are labelled as not performance numbers by the runner.
 
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -25,6 +25,7 @@ class Timer:
         self.min_calls, self.max_calls = warmup_calls
         self.kind = "cuda-events+l2-flush" if self.cuda else "perf_counter (CPU interpreter; NOT a performance number)"
         self.flush_buf = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device) if self.cuda else None
+        self.host_us: List[float] = []  # the last block's host time per call: from fn's call to its return
 
     def flush(self) -> None:
         if self.flush_buf is not None:
@@ -35,20 +36,23 @@ class Timer:
             torch.cuda.synchronize()
 
     def block(self, fn: Callable, iters: int) -> List[float]:
-        """`iters` timed calls of fn, each after an L2 flush; returns microseconds per call."""
+        """`iters` timed calls of fn, each after an L2 flush; returns microseconds per call, and keeps each call's
+        host time in `host_us` (a call whose host time reaches its GPU time is host-bound, or waited on the GPU)."""
+        self.host_us = []
         if not self.cuda:
-            out = []
             for _ in range(iters):
                 t0 = time.perf_counter()
                 fn()
-                out.append((time.perf_counter() - t0) * 1e6)
-            return out
+                self.host_us.append((time.perf_counter() - t0) * 1e6)
+            return list(self.host_us)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         for i in range(iters):
             self.flush()
             starts[i].record()
+            t0 = time.perf_counter()
             fn()
+            self.host_us.append((time.perf_counter() - t0) * 1e6)
             ends[i].record()
         torch.cuda.synchronize()
         return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
@@ -69,18 +73,25 @@ class Timer:
         return n
 
 
-def interleaved(timer: Timer, cands: Dict[str, Callable], rounds: int, iters: int, progress=None) -> Dict:
+def interleaved(timer: Timer, cands: Dict[str, Callable], rounds: int, iters: int, progress=None,
+                host: Optional[Dict] = None) -> Dict:
     """Time every candidate in `rounds` independent rounds. A round times the candidates in order, then in
-    reverse order (iters calls each per pass), so slow drift cancels. Returns {name: [[samples of round r]]}."""
+    reverse order (iters calls each per pass), so slow drift cancels. Returns {name: [[samples of round r]]};
+    `host`, a dict, receives the calls' host times (`Timer.host_us`) in the same form."""
     names = list(cands)
     per_round = {n: [] for n in names}
     for _ in range(rounds):
         got = {n: [] for n in names}
+        got_host = {n: [] for n in names}
         for order in (names, names[::-1]):
             for n in order:
                 got[n] += timer.block(cands[n], iters)
+                if host is not None:
+                    got_host[n] += timer.host_us
         for n in names:
             per_round[n].append(got[n])
+            if host is not None:
+                host.setdefault(n, []).append(got_host[n])
         if progress is not None:
             progress()
     return per_round

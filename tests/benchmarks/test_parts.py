@@ -27,7 +27,7 @@ COMMIT = "ab6efdcd692e1fd5cf04c6079faef679a718b6d1"
 
 
 # ------------------------------------------------------------------ plan
-@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("parts", [3, 4])
 def test_split_covers_every_shape_once_and_is_deterministic(parts):
     plan_ = plan.split(parts=parts)
     names = [s.name for p in plan_ for s in p]
@@ -38,6 +38,13 @@ def test_split_covers_every_shape_once_and_is_deterministic(parts):
         assert [s.name for s in p] == [n for n in order if n in {s.name for s in p}]
     for k, p in enumerate(plan_, 1):
         assert 0 < plan.part_estimate(p, k) <= plan.COMMAND_LIMIT_S, (k, plan.part_estimate(p, k))
+
+
+def test_two_parts_are_flagged_over_the_command_limit():
+    # the gate took 235 s in the records of b0781de and 08ece6b: two parts no longer fit one device command each
+    assert plan.part_estimate(plan.split(parts=2)[0], 1) > plan.COMMAND_LIMIT_S
+    text = plan.describe(2)
+    assert "OVER the 540 s limit" in text.splitlines()[1] and "OVER" not in plan.describe(3)
 
 
 def test_default_three_parts_leave_headroom_and_balance():

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -135,6 +136,21 @@ def test_interleaved_order_and_stats():
     assert st["median_us"] == 3.0 and st["min_us"] == 1.0 and st["p10_us"] == pytest.approx(1.4)
     assert timing.ratio_stats([1.1, 0.9, 1.0])["median"] == 1.0
     assert timing.geomean([2.0, 8.0]) == pytest.approx(4.0)
+
+
+def test_interleaved_keeps_host_times():
+    class FakeTimer:
+        def block(self, fn, iters):
+            self.host_us = [10.0 * fn() for _ in range(iters)]
+            return [x / 10.0 for x in self.host_us]
+
+    host = {}
+    rounds = timing.interleaved(FakeTimer(), {"a": lambda: 1.0, "b": lambda: 2.0}, rounds=3, iters=2, host=host)
+    assert set(host) == {"a", "b"} and len(host["a"]) == 3 and all(len(r) == 4 for r in host["a"])
+    assert host["b"][0] == [20.0] * 4 and rounds["b"][0] == [2.0] * 4
+    cpu = timing.Timer(torch.device("cpu"))
+    got = cpu.block(lambda: None, 3)
+    assert got == cpu.host_us and len(got) == 3
 
 
 def synthetic(gate="green"):
