@@ -13,7 +13,7 @@ from . import candidates as C
 from . import peers as P
 from .metrics import GRAPH_KEY, compare_to_graph, host_overhead, kernel_count, peak_memory
 from .registry import make_inputs
-from .timing import interleaved, ratio_stats, summarize
+from .timing import interleaved, ratio_stats, summarize, wall_median_us
 
 OURS, LEGACY = "fla_bwd", "fla_bwd[legacy]"
 
@@ -68,6 +68,21 @@ def _tflops(flops: float, us: float) -> Optional[float]:
 def _ratios(per_round, num: str, den: str) -> list:
     """One ratio per independent round: median(num) / median(den); > 1 means `den` is faster."""
     return [statistics.median(a) / statistics.median(b) for a, b in zip(per_round[num], per_round[den])]
+
+
+def timed_as_fa3(cand, mode: str, calls: int, repeats: int, sync, warmup: int = 3) -> dict:
+    """`cand` timed as `peers.time_fa3` times FA3 (wall clock around `calls` calls and one `sync`, no L2 flush,
+    median of `repeats`), right after it: FA3 runs through JAX apart from the interleaved rounds, so this is the
+    like-for-like figure beside the CUDA-event median (a host stall in one moment moves both or neither)."""
+    try:
+        fn = cand.build(mode)
+        for _ in range(warmup):
+            fn()
+        out = summarize(wall_median_us(fn, sync, calls, repeats))
+    finally:
+        cand.release()
+    out["timer"] = f"wall clock, {repeats} repeats x {calls} calls + synchronize (as fa3)"
+    return out
 
 
 def make_do(shape, inputs: dict, device) -> torch.Tensor:
@@ -195,15 +210,24 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
                 res["candidates"]["fa3"] = s
             except Exception as e:
                 rec["skipped_peers"]["fa3"] = f"{mode}: {C.one_line(e)}"
-            setup_s["fa3"] = round(time.time() - t_c, 2)  # jit compile + warm-up + timing, all of it
+            if "fa3" in res["candidates"]:
+                try:
+                    res["candidates"][OURS]["as_fa3"] = timed_as_fa3(
+                        cands[0], mode, st.fa3_calls, st.repeats, lambda _: torch.cuda.synchronize())
+                except Exception as e:
+                    res["candidates"][OURS]["as_fa3"] = {"error": C.one_line(e)}
+            setup_s["fa3"] = round(time.time() - t_c, 2)  # jit compile + warm-up + timing (and ours as fa3)
             _free(device)
         if st.report_ratios:
             if LEGACY in per_round:
                 res["ab"] = ratio_stats(_ratios(per_round, LEGACY, OURS))
             res["vs"] = {n: ratio_stats(_ratios(per_round, n, OURS)) for n in per_round if n not in (OURS, LEGACY)}
             if "fa3" in res["candidates"]:
-                res["vs"]["fa3"] = ratio_stats([res["candidates"]["fa3"]["median_us"] /
-                                                res["candidates"][OURS]["median_us"]])
+                fa3_us = res["candidates"]["fa3"]["median_us"]
+                res["vs"]["fa3"] = ratio_stats([fa3_us / res["candidates"][OURS]["median_us"]])
+                as_fa3 = res["candidates"][OURS].get("as_fa3", {})
+                if "median_us" in as_fa3:
+                    res["vs"]["fa3"]["same_method"] = fa3_us / as_fa3["median_us"]
         res["seconds"] = round(time.time() - t_mode, 1)
         rec["modes"][mode] = res
         if tick is not None:
@@ -227,6 +251,8 @@ def mode_line(name: str, mode: str, res: dict) -> str:
     for peer, r in res.get("vs", {}).items():
         if r.get("median"):
             s += f" | {peer} {r['median']:.2f}x"
+            if r.get("same_method"):
+                s += f" (both timed as fa3: {r['same_method']:.2f}x)"
     ov = ours.get("overhead", {})
     if "host_overhead_us" in ov:
         s += " | " + overhead_text(mode, ov)

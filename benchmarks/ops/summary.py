@@ -140,7 +140,9 @@ def rows(data: dict, mode: str):
         for p in peers:
             if p in c:
                 x = m.get("vs", {}).get(p, {}).get("median")
-                row.append(_fmt(c[p]["median_us"]) + (f" ({x:.2f}x)" if x else ""))
+                same = m.get("vs", {}).get(p, {}).get("same_method")  # fa3: both timed its way (`timed_as_fa3`)
+                row.append(_fmt(c[p]["median_us"]) + (f" ({x:.2f}x)" if x else "")
+                           + (f" [{same:.2f}x]" if same else ""))
             else:
                 row.append("skip")
         row.append(str(ours.get("kernels", {}).get("kernels", "-")))

@@ -153,6 +153,24 @@ def test_interleaved_keeps_host_times():
     assert got == cpu.host_us and len(got) == 3
 
 
+def test_timed_as_fa3_builds_warms_times_and_releases():
+    from benchmarks.ops.bench import timed_as_fa3
+
+    calls, syncs, released = [], [], []
+
+    class Cand:
+        def build(self, mode):
+            return lambda: calls.append(mode) or len(calls)
+
+        def release(self):
+            released.append(True)
+
+    out = timed_as_fa3(Cand(), "bwd", calls=4, repeats=3, sync=syncs.append, warmup=2)
+    assert len(calls) == 2 + 4 * 3 and set(calls) == {"bwd"} and released == [True]
+    assert syncs == [6, 10, 14]  # one sync after each repeat's calls, on the last call's result
+    assert out["n"] == 3 and out["median_us"] > 0 and "as fa3" in out["timer"]
+
+
 def synthetic(gate="green"):
     """A run's JSON as the runner writes it, with two shapes, the A/B and two peers (one skipped on a row)."""
     def cand(us, tf):
