@@ -141,8 +141,9 @@ def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict, scrat
     # One flag buffer for every pair of the call (`_finish` allocates it): each FLAG launch writes all the flags
     # its FIXUP reads, and the pairs run in stream order. One allocation less per pair on the host.
     plan.flags = max(plan.flags, programs)
-    for mode in (FLAG, FIXUP):
-        plan.launch(kernel, (programs,), scratch, nonfinite=Ref("flags"), CONTAIN=mode.value, **args)
+    for mode in (FLAG, FIXUP):  # FIXUP stores the few dS tiles it recomputes by pointer: no scratch (`_ds_store`)
+        plan.launch(kernel, (programs,), scratch and mode.value != FIXUP.value, nonfinite=Ref("flags"),
+                    CONTAIN=mode.value, **args)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -273,8 +274,8 @@ def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper
         q=Ref("q"), k=Ref("k"), v=Ref("v"), do=Ref("do"), lse=Ref("lse"), delta=Ref("delta"), ds=five["ds"], dk=dk,
         dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"],
         gc=args["g_cumsum"])))
-    plan.launch(parallel_attn_bwd_kernel_dkv_per_kv_head, (programs,), True, nonfinite=Ref("flags"),
-                CONTAIN=FIXUP.value, **args)
+    plan.launch(parallel_attn_bwd_kernel_dkv_per_kv_head, (programs,), nonfinite=Ref("flags"), CONTAIN=FIXUP.value,
+                **args)
 
 
 # ----------------------------------------------------------------------------------------------------------------

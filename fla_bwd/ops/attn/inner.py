@@ -30,6 +30,10 @@ INLINE = tl.constexpr(0)  # one launch: a program whose outputs are not finite c
 FLAG = tl.constexpr(1)  # first of two launches: plain tiles; each program stores whether its outputs are not finite
 FIXUP = tl.constexpr(2)  # second launch: only the flagged programs run, with SAFE, and overwrite their outputs
 
+# How the five-product dK/dV kernel stores its dS tiles: its `STORE_DS` constexpr (0: it stores none).
+DS_BY_DESCRIPTOR = tl.constexpr(1)  # a device-side tensor descriptor: a bulk copy from shared memory (PERF.md #42c)
+DS_BY_POINTER = tl.constexpr(2)  # plain stores: FIXUP launches, whose few tiles need no descriptor scratch at launch
+
 
 @triton.jit
 def program_ids(NUM_HEADS):
@@ -414,8 +418,10 @@ def dkv_block(
 ):
     """dK/dV contribution of queries [i_t, i_t + BS) to the key tile o_s, in transposed ([keys, queries]) form.
     FULL: every query of the block exists (see `load_rows`). STORE_DS: also store the 16-bit dS^T tile that the dK
-    product consumes through the tensor descriptor `ds` (`from_ds.py`: a bulk copy from shared memory, no per-element
-    addresses), at tile ds_tile0 + (this block's first tile) of its [tiles * BT, BS] view.
+    product consumes (`from_ds.py`) at tile ds_tile0 + (this block's first tile) of the tiles' [tiles * BT, BS] view:
+    through the tensor descriptor `ds` (DS_BY_DESCRIPTOR; its rows < 2**31, `from_ds.ds_chunk`) or into the buffer
+    `ds` by plain stores (DS_BY_POINTER). The descriptor store's code sits where it was before the pointer branch
+    came: ptxas schedules by source lines (PERF.md #54), and this keeps its SASS.
 
     (b_lse, b_delta, b_gq) are this block's `query_rows`, loaded one iteration ahead; the block returns the next
     block's. Triton's pipeliner stages only the tile loads that feed dots, so these small vector loads would
@@ -451,9 +457,13 @@ def dkv_block(
     b_dst = b_pt * (b_dpt - b_delta[None, :])
     if MASK and SAFE:
         b_dst = tl.where(m_vis, b_dst, 0)
+    if STORE_DS == DS_BY_POINTER:
+        o_r = (ds_tile0 + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT)) * BT + tl.arange(0, BT)
+        tl.store(ds + o_r[:, None] * BS + tl.arange(0, BS)[None, :], b_dst.to(b_q.dtype))
     if STORE_DS:
-        ds.store([((ds_tile0 + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT)) * BT).to(tl.int32), 0],
-                 b_dst.to(b_q.dtype))
+        if STORE_DS == DS_BY_DESCRIPTOR:
+            ds.store([((ds_tile0 + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT)) * BT).to(tl.int32), 0],
+                     b_dst.to(b_q.dtype))
         # The next block's rows only now: the store's shared-memory fences (MEMBAR.ALL.CTA) wait for every load
         # issued before them, which would make this prefetch a round trip per block.
         b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS,

@@ -25,6 +25,8 @@ import triton.language as tl
 from fla_bwd import settings
 from fla_bwd.ops.attn.config import gqa_split, sm_count
 from fla_bwd.ops.attn.inner import (
+    DS_BY_DESCRIPTOR,
+    DS_BY_POINTER,
     FIXUP,
     FLAG,
     INLINE,
@@ -370,8 +372,16 @@ def _dkv_tile(
 _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
                    "TAIL_Q": _HEURISTICS["TAIL_Q"], "USE_SINK": lambda args: args["dsink"] is not None}
 # The KV-head-owned kernel also serves the five-product backward (`from_ds.py`): dS stores, chunks of heads.
-_DKV_KV_HEURISTICS = dict(_DKV_HEURISTICS, STORE_DS=lambda args: args["ds"] is not None,
+_DKV_KV_HEURISTICS = dict(_DKV_HEURISTICS, STORE_DS=lambda args: _ds_store(args["ds"], args["CONTAIN"]),
                           ACC_IN=lambda args: args["dk_in"] is not None)
+
+
+def _ds_store(ds, contain: int) -> int:
+    """STORE_DS of the KV-head-owned kernel: none without a dS buffer; by pointer in FIXUP launches (a few
+    recomputed tiles: no descriptor, so no scratch for Triton to allocate at every launch); else by descriptor."""
+    if ds is None:
+        return 0
+    return (DS_BY_POINTER if contain == FIXUP.value else DS_BY_DESCRIPTOR).value
 
 
 @triton.heuristics(_DKV_HEURISTICS)
@@ -423,7 +433,8 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
 
     The five-product backward (`from_ds.py`; dense, no sink) launches it for HEADS query heads of each
     program's share of a group at a time, heads [G0, G0 + HEADS) of the share, of a chunk of CHUNK heads a share
-    whose dS tiles share one buffer: each program also stores its dS tiles (STORE_DS), starts from the earlier
+    whose dS tiles share one buffer: each program also stores its dS tiles (STORE_DS: through a tensor descriptor,
+    whose scratch Triton allocates at launch, or, in FIXUP launches, by plain stores), starts from the earlier
     launches' fp32 sums (ACC_IN) and, but for the last launch, stores fp32 sums unscaled (ACC_OUT)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
@@ -440,9 +451,10 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
         i_hq0 += G0
         # The band of this launch's first head: (batch, KV head and share, head in chunk).
         ds_slot0 = (bos // T * (H * SPLIT) + i_part) * CHUNK + G0 % CHUNK
-        # One [B * H * SPLIT * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `from_ds.ds_chunk`).
-        ds = tl.make_tensor_descriptor(ds, shape=[B * (H * SPLIT * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
-                                       block_shape=[BT, BS])
+        if STORE_DS == DS_BY_DESCRIPTOR:
+            # One [B * H * SPLIT * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `ds_chunk`).
+            ds = tl.make_tensor_descriptor(ds, shape=[B * (H * SPLIT * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
+                                           block_shape=[BT, BS])
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale,
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
