@@ -420,8 +420,7 @@ def dkv_block(
     FULL: every query of the block exists (see `load_rows`). STORE_DS: also store the 16-bit dS^T tile that the dK
     product consumes (`from_ds.py`) at tile ds_tile0 + (this block's first tile) of the tiles' [tiles * BT, BS] view:
     through the tensor descriptor `ds` (DS_BY_DESCRIPTOR; its rows < 2**31, `from_ds.ds_chunk`) or into the buffer
-    `ds` by plain stores (DS_BY_POINTER). The descriptor store's code sits where it was before the pointer branch
-    came: ptxas schedules by source lines (PERF.md #54), and this keeps its SASS.
+    `ds` by plain stores (DS_BY_POINTER).
 
     (b_lse, b_delta, b_gq) are this block's `query_rows`, loaded one iteration ahead; the block returns the next
     block's. Triton's pipeliner stages only the tile loads that feed dots, so these small vector loads would
@@ -457,13 +456,13 @@ def dkv_block(
     b_dst = b_pt * (b_dpt - b_delta[None, :])
     if MASK and SAFE:
         b_dst = tl.where(m_vis, b_dst, 0)
-    if STORE_DS == DS_BY_POINTER:
-        o_r = (ds_tile0 + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT)) * BT + tl.arange(0, BT)
-        tl.store(ds + o_r[:, None] * BS + tl.arange(0, BS)[None, :], b_dst.to(b_q.dtype))
     if STORE_DS:
+        row = (ds_tile0 + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT)) * BT  # int64
         if STORE_DS == DS_BY_DESCRIPTOR:
-            ds.store([((ds_tile0 + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT)) * BT).to(tl.int32), 0],
-                     b_dst.to(b_q.dtype))
+            ds.store([row.to(tl.int32), 0], b_dst.to(b_q.dtype))
+        else:
+            o_r = row + tl.arange(0, BT)
+            tl.store(ds + o_r[:, None] * BS + tl.arange(0, BS)[None, :], b_dst.to(b_q.dtype))
         # The next block's rows only now: the store's shared-memory fences (MEMBAR.ALL.CTA) wait for every load
         # issued before them, which would make this prefetch a round trip per block.
         b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS,
