@@ -10,6 +10,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+import sys  # noqa: E402
 import zlib  # noqa: E402
 
 import pytest  # noqa: E402
@@ -69,6 +70,17 @@ def _poison_and_seed(request):
     # "Triton Error [CUDA]: out of memory" (8 workers on one H200). Hand large reservations back after each test.
     if DEVICE == "cuda" and torch.cuda.memory_reserved() > _RESERVED_KEEP:
         torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Every test starts without cached launch plans: a backward's plan is keyed on the call and the settings but
+    not on `config`'s tables (`host._backward_plan`), which tests monkeypatch, so a plan built by an earlier test
+    under other tables would stand in for the dispatch under this test's."""
+    host = sys.modules.get("fla_bwd.ops.attn.host")
+    if host is not None:
+        host.clear_plans()
+    yield
 
 
 def pytest_configure(config):

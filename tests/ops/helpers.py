@@ -184,18 +184,20 @@ def check_against_oracle(case: Case, x: Optional[Inputs] = None, fn: Optional[Ca
 
 
 class DkvSpy:
-    """Records the name of the dK/dV kernel of every seven-product backward (`host.dkv_kernel`) during a test."""
+    """Records the name of the dK/dV kernel of every seven-product backward (the plan's `dkv`,
+    `host._backward_plan`) during a test."""
 
     def __init__(self, monkeypatch):
         self.paths = []
-        original = host_module.dkv_kernel
+        original = host_module._backward_plan
 
         def spy(*args):
-            kernel = original(*args)
-            self.paths.append(kernel.name)
-            return kernel
+            plan = original(*args)
+            if plan.dkv is not None:
+                self.paths.append(plan.dkv.name)
+            return plan
 
-        monkeypatch.setattr(host_module, "dkv_kernel", spy)
+        monkeypatch.setattr(host_module, "_backward_plan", spy)
 
 
 def run_isolated(module: str, func: str, *args, timeout: float = 600) -> None:

@@ -57,19 +57,23 @@ _SPLIT_PATHS = {1: "gqa", 2: "gqa-split2", 4: "gqa-split4"}  # the dK/dV path th
 
 
 class ChunkSpy:
-    """Records the chunk and the split of every backward (`from_ds.five_product_chunk`; None: seven products)."""
+    """Records the chunk and the split of every backward (the plan's `five`, `host._backward_plan`; None: seven
+    products)."""
 
     def __init__(self, monkeypatch):
         self.chunks, self.splits = [], []
-        original = from_ds.five_product_chunk
+        original = host._backward_plan
 
         def spy(*args):
-            five = original(*args)
-            self.chunks.append(None if five is None else five.chunk)
-            self.splits.append(None if five is None else five.split)
-            return five
+            plan = original(*args)
+            self.record(plan.five)
+            return plan
 
-        monkeypatch.setattr(host, "five_product_chunk", spy)
+        monkeypatch.setattr(host, "_backward_plan", spy)
+
+    def record(self, five) -> None:
+        self.chunks.append(None if five is None else five.chunk)
+        self.splits.append(None if five is None else five.split)
 
 
 def _band_bytes(case: Case) -> int:
@@ -85,6 +89,29 @@ def test_five_product_matches_oracle(case, monkeypatch):
         check_against_oracle(case)
     # The default budget holds every head of each share of these cases (split by `config.FIVE_PRODUCT_SPLITS`).
     assert len(spy.splits) == 1 and spy.chunks == [case.HQ // case.H // spy.splits[0]], (spy.splits, spy.chunks)
+
+
+def test_dispatch_runs_once_per_kind_of_call(monkeypatch):
+    """The backward's dispatch (`five_product_chunk`) runs when a plan is built: once for repeated calls of one kind
+    under the same settings, and again for each change of a setting it reads (the dS budget, the dq path), which
+    every backward reads anew (`host._backward_plan`); each backward takes the decision made for its settings."""
+    case = Case(B=1, T=40, HQ=4, H=2, K=32, dtype=bf16)
+    x = make_inputs(case)
+    dispatched = []
+    original = host.five_product_chunk
+    monkeypatch.setattr(host, "five_product_chunk", lambda *args: dispatched.append(original(*args)) or dispatched[-1])
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"):
+        runs = [run_parallel(case, x) for _ in range(3)]
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * _band_bytes(case) / 2**20))
+        runs += [run_parallel(case, x) for _ in range(2)]
+    with dq_path("recompute"):
+        run_parallel(case, x)
+    assert [None if f is None else f.chunk for f in dispatched] == [2, 1, None], dispatched
+    assert spy.chunks == [2, 2, 2, 1, 1, None], spy.chunks
+    for run in runs[1:]:
+        for name in ("dq", "dk", "dv"):
+            assert torch.equal(run[name], runs[0][name]), name
 
 
 SPLIT_CASES = [(Case(B=2, T=63, HQ=4, H=1, K=64, dtype=bf16), 2), (Case(B=1, T=100, HQ=8, H=2, K=128, dtype=f16), 4),

@@ -92,7 +92,8 @@ _MAX_PLANS = 512
 
 
 def clear_plans() -> None:
-    """Drop every cached plan: after a change to the tables they were built from (`config`; the tune harness)."""
+    """Drop every cached plan: after a change to the tables they were built from or that the backward's dispatch
+    reads (`config`; the tune harness)."""
     _PLANS.clear()
 
 
@@ -310,14 +311,33 @@ def _build_forward(s: Shape, tiles: Optional[VarlenTiles], exact_o: bool) -> Pla
     return _finish(plan)
 
 
+def _dispatch_settings() -> tuple:
+    """The settings that the backward's dispatch reads (`five_product_chunk`, `dkv_kernel`), read now: with the call,
+    they key a plan whose building ran the dispatch, so that a kind of call seen before skips it (PERF.md #62).
+    `config`'s tables are not in it: `clear_plans` after changing them."""
+    return (settings.forced_dkv_path(), settings.forced_containment(), settings.forced_dq_path(),
+            settings.forced_ds_kernel(), settings.ds_budget_bytes())
+
+
+def _forward_plan(call: Call, gated_for_backward: bool) -> Plan:
+    """The forward's plan; `gated_for_backward`: a gated call whose backward may follow, which makes o_lo where
+    that backward would take five products (`needs_exact_o`, under the settings now)."""
+    if not gated_for_backward:
+        return _plan((call.key, False), _build_forward, call.shape, call.tiles, False)
+    key = ("fwd", call.key, _dispatch_settings())
+    plan = _PLANS.get(key)
+    if plan is None:
+        exact_o = needs_exact_o(call.shape, call.tiles is None, settings.forced_dkv_path(), call.qkv_aligned)
+        plan = _plan(key, _build_forward, call.shape, call.tiles, exact_o)
+    return plan
+
+
 def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False):
     """(o, lse, the gate's cumsum gc times log2 e or None, o's rounding residual o_lo or None, the `Call` for the
     backward), for validated contiguous inputs. `window_size` 0 means full causal. `for_backward`: a backward may
     follow, so make o_lo where it would need it (`from_ds.needs_exact_o`: a gated call that takes five products)."""
     call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-    exact_o = for_backward and needs_exact_o(call.shape, call.tiles is None, settings.forced_dkv_path(),
-                                             call.qkv_aligned)
-    plan = _plan((call.key, exact_o), _build_forward, call.shape, call.tiles, exact_o)
+    plan = _forward_plan(call, for_backward and g is not None)  # ungated calls never need o_lo
     env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens), call.tiles)
     return env["o"], env["lse"], env.get("gc"), env.get("o_lo"), call
 
@@ -352,6 +372,25 @@ def dkv_kernel(call: Call, forced: str) -> DkvKernel:
                           sequence_lengths(s.B, s.T, call.tiles), forced)
 
 
+def _backward_plan(call: Call, do_aligned: bool, exact_o: bool) -> Plan:
+    """The plan of a backward of `call` (q, k, v and dO 16-byte aligned or not, the forward's o_lo or not), keyed on
+    the dispatch's inputs (`_dispatch_settings`). It records the dispatch: `five` (the five-product backward's
+    `FiveProduct`, or None) and `dkv` (the seven-product backward's `DkvKernel`, or None)."""
+    dispatch = _dispatch_settings()
+    key = ("bwd", call.key, do_aligned, exact_o, dispatch)
+    plan = _PLANS.get(key)
+    if plan is None:
+        forced_dkv = dispatch[0]
+        five = five_product_chunk(call.shape, call.tiles is None, forced_dkv, call.qkv_aligned and do_aligned,
+                                  exact_o)
+        kernel = dkv_kernel(call, forced_dkv) if five is None else None  # five products launch their own dK/dV
+        # The plan's Shape keeps the forward's containment setting, which only keys plans: `contain_inline` reads the
+        # setting now, when the plan is built (it may change between a forward and its backward; the key has it).
+        plan = _plan(key, _build_backward, call.shape, call.tiles, kernel, five)
+        plan.five, plan.dkv = five, kernel
+    return plan
+
+
 def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,
              call: Optional[Call] = None, o_lo: Optional[torch.Tensor] = None):
     """(dq, dk, dv, dg or None, dsink or None): dg and dsink in g's and sink_bias's dtypes. `call` is the forward's
@@ -359,15 +398,7 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
     (None where it made none; a gated call then takes seven products)."""
     if call is None:
         call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-    forced_dkv = settings.forced_dkv_path()
-    do_aligned = aligned(do)
-    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv, call.qkv_aligned and do_aligned,
-                              o_lo is not None)
-    kernel = dkv_kernel(call, forced_dkv) if five is None else None  # five products launch their own dK/dV kernel
-    # The setting is read again here (it may change between a forward and its backward); the plan's Shape keeps the
-    # forward's, which only keys plans: `contain_inline` reads the setting when the plan is built.
-    plan = _plan((call.key, kernel, five, do_aligned, settings.forced_containment()), _build_backward, call.shape,
-                 call.tiles, kernel, five)
+    plan = _backward_plan(call, aligned(do), o_lo is not None)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, o_lo=o_lo, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
                           cu_seqlens=cu_seqlens), call.tiles)
     return env["dq"], env["dk"], env["dv"], env.get("dg"), env.get("dsink")
