@@ -1,7 +1,9 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""`gate_grad_of_band_kernel` at gqa4-long-gated's launch (B2 T2048 HQ32 H8, split 1, chunk 4: 64 bands, BR 1024)
-with BP = 8 (main: one load of [8, 1024] partials, two a block) against BP = 16 (one load a block): CUDA events,
-L2 flushed, interleaved, medians; and how far the two dg differ (the sum over programs changes its tree).
+"""`gate_grad_of_band_kernel` at gqa4-long-gated's launch (B2 T2048 HQ32 H8, split 1, chunk 4: 64 bands) in four
+configs (BR keys a block, BP programs' partials a load, warps): main's (1024, 8, 8: one load of [8, 1024] partials,
+two a block, two blocks), BP 16 (one load a block), and the whole band as one block (2048: one [16, 2048] load at 8
+warps, 245 registers; or BP 8 at 16 warps): CUDA events, L2 flushed, interleaved, medians; and how far each dg is from
+main's (the sum over programs changes its tree).
 
     python benchmarks/results/five-product/run47-gate-grad-bp/gate_grad_bp.py
 """
@@ -29,14 +31,15 @@ def main() -> None:
     dgc_q = torch.randn(HQ, B * T, device=dev)
     outs = {}
 
-    def launcher(BP):
+    def launcher(BR, BP, warps):
         dg = torch.full((B, T, HQ), float("nan"), device=dev)
-        outs[BP] = dg
+        outs[(BR, BP, warps)] = dg
         return lambda: gate_grad_of_band_kernel[(bands,)](
-            dgk_part, dgc_q, dg, T, T, 0, HQ=HQ, H=H, G=G, SPLIT=split, CHUNK=chunk, BT=BT, BQ=BQ, BR=1024, BP=BP,
-            NUM_BANDS=bands, num_warps=8)
+            dgk_part, dgc_q, dg, T, T, 0, HQ=HQ, H=H, G=G, SPLIT=split, CHUNK=chunk, BT=BT, BQ=BQ, BR=BR, BP=BP,
+            NUM_BANDS=bands, num_warps=warps)
 
-    fns = {f"BP{bp}": launcher(bp) for bp in (8, 16)}
+    configs = [(1024, 8, 8), (1024, 16, 8), (2048, 16, 8), (2048, 8, 16)]
+    fns = {"BR{}-BP{}-w{}".format(*c): launcher(*c) for c in configs}
     res = {}
     if dev.type == "cuda":
         timer = Timer(dev)
@@ -47,9 +50,9 @@ def main() -> None:
     else:
         for fn in fns.values():
             fn()
-    a, b = outs[8], outs[16]
-    res["nan"] = [bool(a.isnan().any()), bool(b.isnan().any())]
-    res["max_rel_diff"] = float((a - b).abs().max() / a.abs().max())
+    main = outs[configs[0]]
+    res["nan"] = [bool(outs[c].isnan().any()) for c in configs]
+    res["max_rel_diff"] = [float((outs[c] - main).abs().max() / main.abs().max()) for c in configs]
     res["BT_BQ"] = [BT, BQ]
     print(json.dumps(res))
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 #
-# One device call for two gated-backward candidates prepared without a GPU (PERF.md #62): ks-first.patch (the gated
+# One device call for two gated-backward candidates prepared without a GPU (PERF.md #63): ks-first.patch (the gated
 # dQ-from-dS bulk loop issues its key sums before the tile's products, so that its wait for them finds the last
-# tile's products done; bitwise main's on the CPU interpreter) and BP = 16 in gate_grad_of_band_kernel (run47).
+# tile's products done; bitwise main's on the CPU interpreter) and gate_grad_of_band_kernel's block and load sizes
+# (run47's gate_grad_bp.py).
 #     bash benchmarks/results/five-product/run48-gated-dq-ks-first/ab.sh     # from the repository root
-# Steps, each with its own limit: the gated GPU tests on the patched tree; BP 8 against 16; an A/B of main against
-# the patched tree (five_ab.py, gqa4-long-gated, g8-T8192-gated and the ungated gqa4-long, kernels by the profiler).
-# Writes into $OUT (or ./ab_out).
+# Steps, each with its own limit: the gated GPU tests on the patched tree; four gate_grad_of_band configs; an A/B of
+# main against the patched tree (five_ab.py, gqa4-long-gated, g8-T8192-gated and the ungated gqa4-long, kernels by
+# the profiler). Writes into $OUT (or ./ab_out).
 set -uo pipefail
 cd "$(dirname "$0")/../../../.."
 ROOT=$PWD
@@ -26,7 +27,7 @@ echo "== gated GPU tests of the patched tree (limit ${TESTS_S:=180} s)"
   > "$LOGS/tests.log" 2>&1
 echo "tests rc $? ($(( $(date +%s) - T0 )) s): $(tail -1 "$LOGS/tests.log")"
 
-echo "== BP 8 against 16 (limit 60 s)"
+echo "== gate_grad_of_band configs (limit 60 s)"
 PYTHONPATH=$ROOT timeout 60 python3 benchmarks/results/five-product/run47-gate-grad-bp/gate_grad_bp.py \
   > "$LOGS/bp.json" 2> "$LOGS/bp.log"
 echo "rc $?: $(cat "$LOGS/bp.json")"
