@@ -349,6 +349,7 @@ def _delta_mode(s: Shape) -> str:
 def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: Optional[DkvKernel],
                     five: Optional[FiveProduct]) -> Plan:
     plan = _new_plan(s)
+    plan.five, plan.dkv = five, kernel  # the dispatch's decision, which the plan's key does not hold
     if five is not None:
         add_five_product_backward(plan, s, five, add_dkv_chunk)
         return _finish(plan)
@@ -387,7 +388,6 @@ def _backward_plan(call: Call, do_aligned: bool, exact_o: bool) -> Plan:
         # The plan's Shape keeps the forward's containment setting, which only keys plans: `contain_inline` reads the
         # setting now, when the plan is built (it may change between a forward and its backward; the key has it).
         plan = _plan(key, _build_backward, call.shape, call.tiles, kernel, five)
-        plan.five, plan.dkv = five, kernel
     return plan
 
 
