@@ -99,7 +99,12 @@ def test_dispatch_runs_once_per_kind_of_call(monkeypatch):
     x = make_inputs(case)
     dispatched = []
     original = host.five_product_chunk
-    monkeypatch.setattr(host, "five_product_chunk", lambda *args: dispatched.append(original(*args)) or dispatched[-1])
+
+    def counted(*args):
+        dispatched.append(original(*args))
+        return dispatched[-1]
+
+    monkeypatch.setattr(host, "five_product_chunk", counted)
     spy = ChunkSpy(monkeypatch)
     with dq_path("from-ds"):
         runs = [run_parallel(case, x) for _ in range(3)]
