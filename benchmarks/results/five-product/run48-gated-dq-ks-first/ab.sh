@@ -5,21 +5,24 @@
 # dQ-from-dS bulk loop issues its key sums before the tile's products, so that its wait for them finds the last
 # tile's products done; bitwise main's on the CPU interpreter) and gate_grad_of_band_kernel's block and load sizes
 # (run47's gate_grad_bp.py).
-#     bash benchmarks/results/five-product/run48-gated-dq-ks-first/ab.sh     # from the repository root
+# The two trees are made here, before the call (.ab/ is not ignored: it travels; the device's copy may have no git):
+#     H=benchmarks/results/five-product/run48-gated-dq-ks-first; rm -rf .ab && mkdir -p .ab/main .ab/ksfirst
+#     git archive HEAD fla_bwd | tar -x -C .ab/main && git archive HEAD fla_bwd tests | tar -x -C .ab/ksfirst
+#     patch -p1 -d .ab/ksfirst < $H/ks-first.patch
+# then, in the device call, from the repository root:  bash benchmarks/results/five-product/run48-gated-dq-ks-first/ab.sh
 # Steps, each with its own limit: the gated GPU tests on the patched tree; four gate_grad_of_band configs; an A/B of
 # main against the patched tree (five_ab.py, gqa4-long-gated, g8-T8192-gated and the ungated gqa4-long, kernels by
-# the profiler). Writes into $OUT (or ./ab_out).
+# the profiler). Writes into $OUT (or ./ab_out). Remove .ab/ afterwards; never commit it.
 set -uo pipefail
 cd "$(dirname "$0")/../../../.."
 ROOT=$PWD
-HERE=benchmarks/results/five-product/run48-gated-dq-ks-first
 LOGS=${OUT:-$PWD/ab_out}
 mkdir -p "$LOGS"
 T0=$(date +%s)
-rm -rf .ab/main .ab/ksfirst && mkdir -p .ab/main .ab/ksfirst
-git archive HEAD fla_bwd | tar -x -C .ab/main
-git archive HEAD fla_bwd tests | tar -x -C .ab/ksfirst
-patch -p1 -d .ab/ksfirst < "$HERE/ks-first.patch" || { echo "ab.sh: the patch does not apply" >&2; exit 2; }
+for tree in .ab/main/fla_bwd .ab/ksfirst/fla_bwd .ab/ksfirst/tests; do
+  [ -d "$tree" ] || { echo "ab.sh: $tree is missing: make the trees first (see the header)" >&2; exit 2; }
+done
+grep -q "b_ones_qb" .ab/ksfirst/fla_bwd/ops/attn/from_ds.py || { echo "ab.sh: .ab/ksfirst is not patched" >&2; exit 2; }
 
 echo "== gated GPU tests of the patched tree (limit ${TESTS_S:=180} s)"
 (cd .ab/ksfirst && timeout "$TESTS_S" python3 -m pytest -q -x -n 8 tests/ops/test_attn_five_product.py \
