@@ -19,10 +19,11 @@ from fla_bwd import settings
 from fla_bwd.ops.attn.config import DELTA_MODES, contain_inline, dkv_tiles, tile_config
 from fla_bwd.ops.attn.from_ds import FiveProduct, add_five_product_backward, five_product_chunk, needs_exact_o
 from fla_bwd.ops.attn.gluon_dkv import HopperDkvLaunch
-from fla_bwd.ops.attn.inner import FIXUP, FLAG, INLINE
+from fla_bwd.ops.attn.inner import DS_BY_DESCRIPTOR, FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.parallel import (
     DkvKernel,
     dkv_kernel_for,
+    ds_store_mode,
     parallel_attn_bwd_kernel_dkv_per_kv_head,
     parallel_attn_bwd_kernel_dkv_per_query_head,
     parallel_attn_bwd_kernel_dq,
@@ -126,7 +127,7 @@ def _on_device(device: torch.device):
 # Containment
 # ----------------------------------------------------------------------------------------------------------------
 
-def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict, scratch: bool = False) -> None:
+def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict) -> None:
     """Launch a kernel over `programs` programs so that a non-finite input reaches only the outputs that depend
     on it, in one of two ways, both exact (see `inner.any_nonfinite`):
     - two launches: a FLAG launch computes every tile plainly and stores per program whether its outputs are not
@@ -136,15 +137,18 @@ def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict, scrat
     Inline keeps the contained copy of the loops in the kernel, which makes the compiler schedule the plain loops
     worse; two launches cost one more launch of host time. `contain_inline` picks by the amount of work (PERF.md
     #17, #18, #31)."""
+
+    def scratch(mode) -> bool:  # a launch that stores dS through a tensor descriptor: Triton's scratch at launch
+        return ds_store_mode(args.get("ds"), mode.value) == DS_BY_DESCRIPTOR.value
+
     if contain_inline(s.B, s.HQ, s.T, s.W, max(s.K, s.V)):
-        plan.launch(kernel, (programs,), scratch, nonfinite=None, CONTAIN=INLINE.value, **args)
+        plan.launch(kernel, (programs,), scratch(INLINE), nonfinite=None, CONTAIN=INLINE.value, **args)
         return
     # One flag buffer for every pair of the call (`_finish` allocates it): each FLAG launch writes all the flags
     # its FIXUP reads, and the pairs run in stream order. One allocation less per pair on the host.
     plan.flags = max(plan.flags, programs)
-    for mode in (FLAG, FIXUP):  # FIXUP stores the few dS tiles it recomputes by pointer: no scratch (`_ds_store`)
-        plan.launch(kernel, (programs,), scratch and mode.value != FIXUP.value, nonfinite=Ref("flags"),
-                    CONTAIN=mode.value, **args)
+    for mode in (FLAG, FIXUP):
+        plan.launch(kernel, (programs,), scratch(mode), nonfinite=Ref("flags"), CONTAIN=mode.value, **args)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -268,7 +272,7 @@ def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper
                 delta=Ref("delta"), g_cumsum=Ref("gc") if gated else None, dsink_partial=None, dsink=None,
                 NUM_PARTIALS=0, SPLIT=split, **five)
     if not hopper:
-        add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, programs, args, scratch=True)
+        add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, programs, args)
         return
     plan.flags = max(plan.flags, programs)
     plan.add(HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
@@ -319,17 +323,18 @@ def _dispatch_settings() -> tuple:
             settings.forced_ds_kernel(), settings.ds_budget_bytes())
 
 
+def _build_gated_forward(call: Call) -> Plan:
+    """A gated forward's plan, with o_lo where a backward under the settings now would take five products."""
+    return _build_forward(call.shape, call.tiles, needs_exact_o(call.shape, call.tiles is None,
+                                                                settings.forced_dkv_path(), call.qkv_aligned))
+
+
 def _forward_plan(call: Call, gated_for_backward: bool) -> Plan:
     """The forward's plan; `gated_for_backward`: a gated call whose backward may follow, which makes o_lo where
-    that backward would take five products (`needs_exact_o`, under the settings now)."""
+    that backward would take five products (`needs_exact_o`), so its key holds the dispatch's settings."""
     if not gated_for_backward:
         return _plan((call.key, False), _build_forward, call.shape, call.tiles, False)
-    key = ("fwd", call.key, _dispatch_settings())
-    plan = _PLANS.get(key)
-    if plan is None:
-        exact_o = needs_exact_o(call.shape, call.tiles is None, settings.forced_dkv_path(), call.qkv_aligned)
-        plan = _plan(key, _build_forward, call.shape, call.tiles, exact_o)
-    return plan
+    return _plan(("fwd", call.key, _dispatch_settings()), _build_gated_forward, call)
 
 
 def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False):
@@ -373,22 +378,22 @@ def dkv_kernel(call: Call, forced: str) -> DkvKernel:
                           sequence_lengths(s.B, s.T, call.tiles), forced)
 
 
+def _build_dispatched_backward(call: Call, aligned_qkv_do: bool, exact_o: bool, forced_dkv: str) -> Plan:
+    """The dispatch (five products or which seven-product dK/dV kernel), then the backward's plan."""
+    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv, aligned_qkv_do, exact_o)
+    kernel = dkv_kernel(call, forced_dkv) if five is None else None  # five products launch their own dK/dV kernel
+    # The plan's Shape keeps the forward's containment setting, which only keys plans: `contain_inline` reads the
+    # setting now, when the plan is built (it may change between a forward and its backward; the key has it).
+    return _build_backward(call.shape, call.tiles, kernel, five)
+
+
 def _backward_plan(call: Call, do_aligned: bool, exact_o: bool) -> Plan:
     """The plan of a backward of `call` (q, k, v and dO 16-byte aligned or not, the forward's o_lo or not), keyed on
     the dispatch's inputs (`_dispatch_settings`). It records the dispatch: `five` (the five-product backward's
     `FiveProduct`, or None) and `dkv` (the seven-product backward's `DkvKernel`, or None)."""
     dispatch = _dispatch_settings()
-    key = ("bwd", call.key, do_aligned, exact_o, dispatch)
-    plan = _PLANS.get(key)
-    if plan is None:
-        forced_dkv = dispatch[0]
-        five = five_product_chunk(call.shape, call.tiles is None, forced_dkv, call.qkv_aligned and do_aligned,
-                                  exact_o)
-        kernel = dkv_kernel(call, forced_dkv) if five is None else None  # five products launch their own dK/dV
-        # The plan's Shape keeps the forward's containment setting, which only keys plans: `contain_inline` reads the
-        # setting now, when the plan is built (it may change between a forward and its backward; the key has it).
-        plan = _plan(key, _build_backward, call.shape, call.tiles, kernel, five)
-    return plan
+    return _plan(("bwd", call.key, do_aligned, exact_o, dispatch), _build_dispatched_backward, call,
+                 call.qkv_aligned and do_aligned, exact_o, dispatch[0])
 
 
 def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,

@@ -372,13 +372,13 @@ def _dkv_tile(
 _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
                    "TAIL_Q": _HEURISTICS["TAIL_Q"], "USE_SINK": lambda args: args["dsink"] is not None}
 # The KV-head-owned kernel also serves the five-product backward (`from_ds.py`): dS stores, chunks of heads.
-_DKV_KV_HEURISTICS = dict(_DKV_HEURISTICS, STORE_DS=lambda args: _ds_store(args["ds"], args["CONTAIN"]),
+_DKV_KV_HEURISTICS = dict(_DKV_HEURISTICS, STORE_DS=lambda args: ds_store_mode(args["ds"], args["CONTAIN"]),
                           ACC_IN=lambda args: args["dk_in"] is not None)
 
 
-def _ds_store(ds, contain: int) -> int:
-    """STORE_DS of the KV-head-owned kernel: none without a dS buffer; by pointer in FIXUP launches (a few
-    recomputed tiles: no descriptor, so no scratch for Triton to allocate at every launch); else by descriptor."""
+def ds_store_mode(ds, contain: int) -> int:
+    """STORE_DS of the KV-head-owned kernel, which also says its launch's scratch (`host.add_contained`): none without
+    a dS buffer; by pointer in FIXUP launches (a few recomputed tiles: no descriptor); else by descriptor."""
     if ds is None:
         return 0
     return (DS_BY_POINTER if contain == FIXUP.value else DS_BY_DESCRIPTOR).value
