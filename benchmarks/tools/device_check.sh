@@ -19,14 +19,14 @@ LOGS=${OUT:-$PWD/check_out}
 mkdir -p "$LOGS"
 TESTS=${TESTS:-tests/test_settings.py tests/ops/utils/test_launch.py tests/ops/test_attn_launch_paths.py \
 tests/ops/test_attn_five_product.py tests/ops/test_attn_gluon_dkv.py tests/ops/test_attn_cuda_graph.py \
-tests/ops/test_forgetting_attn.py}
+tests/ops/test_forgetting_attn.py tests/ops/test_attn_nan.py tests/ops/test_attn_plan_order.py}
 ROWS=${ROWS:-gqa4-long-gated,gqa4-long,g8-T8192-gated}
 CANDS=${CANDS:-five+hopper}
 T0=$(date +%s)
 
 echo "== GPU tests (limit ${TESTS_S:=240} s)"
 # shellcheck disable=SC2086
-timeout "$TESTS_S" python3 -m pytest -q -x $TESTS > "$LOGS/tests.log" 2>&1
+timeout "$TESTS_S" python3 -m pytest -q -x -n 8 $TESTS > "$LOGS/tests.log" 2>&1
 echo "tests rc $? ($(( $(date +%s) - T0 )) s): $(tail -1 "$LOGS/tests.log")"
 
 for side in A B; do
