@@ -127,8 +127,8 @@ def ds_budget_bytes() -> int:
         mib = float(text)
     except ValueError:
         mib = -1.0
-    if not mib >= 0:
-        raise ValueError(f"FLA_BWD_DS_BUDGET_MIB must be a number of MiB >= 0, got {text!r}")
+    if not 0 <= mib < float("inf"):
+        raise ValueError(f"FLA_BWD_DS_BUDGET_MIB must be a number of MiB >= 0 and finite, got {text!r}")
     return int(mib * 2**20)
 
 

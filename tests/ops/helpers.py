@@ -144,13 +144,16 @@ def run_reference(case: Case, x: Inputs, oracle: Optional[Callable] = None) -> d
     if oracle is None:
         def oracle(q, k, v, g, sink_bias):
             return naive_parallel_attn(q, k, v, scale=case.scale, window_size=case.window, g=g, sink_bias=sink_bias)
+    wrt = x.grad_inputs()
+    sink = x.sink_bias
+    if "dsink" in wrt:  # an fp32 leaf: autograd would sum the sequences' dsink in sink_bias's dtype
+        sink = wrt["dsink"] = sink.detach().float().requires_grad_()
     outs = []
     for bos, eos in segments(case):
         g = x.g[:, bos:eos] if x.g is not None else None
-        outs.append(oracle(x.q[:, bos:eos], x.k[:, bos:eos], x.v[:, bos:eos], g, x.sink_bias))
+        outs.append(oracle(x.q[:, bos:eos], x.k[:, bos:eos], x.v[:, bos:eos], g, sink))
     assert outs, "every sequence is empty"
     o = torch.cat(outs, dim=1)
-    wrt = x.grad_inputs()
     grads = torch.autograd.grad(o, list(wrt.values()), x.do.float(), allow_unused=True)
     grads = [torch.zeros_like(t, dtype=torch.float32) if gr is None else gr for t, gr in zip(wrt.values(), grads)]
     return {"o": o, **dict(zip(wrt, grads))}

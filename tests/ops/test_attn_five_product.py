@@ -426,18 +426,20 @@ def test_auto_dispatch_of_gated_calls(monkeypatch):
         assert from_ds.five_product_chunk(short, True, "auto", True, exact_o=True) is None
 
 
-@pytest.mark.parametrize("what", ["sink", "packed", "fp32", "head_dim", "dkv_path", "budget", "split"])
+@pytest.mark.parametrize("what", ["sink", "packed", "fp32", "head_dim", "dkv_path", "budget", "budget_gated", "split"])
 def test_calls_it_cannot_run_raise(what, monkeypatch):
+    """Each reason is named, also for a gated call, whose forward cannot make o_lo for a backward it cannot run."""
     case = {
+        "budget_gated": Case(T=40, HQ=2, H=1, K=32, gate=True),
         "sink": Case(T=40, HQ=2, H=1, K=32, sink=0.0),
         "packed": Case(T=40, HQ=2, H=1, K=32, cu_seqlens=(0, 10, 40)),
         "fp32": Case(T=40, HQ=2, H=1, K=32, dtype=f32),
         "head_dim": Case(T=40, HQ=2, H=1, K=192),
     }.get(what, Case(T=40, HQ=2, H=1, K=32))
     x = make_inputs(case)
-    if what == "budget":
+    if what.startswith("budget"):
         monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", "0")
-    message = {"dkv_path": "dK/dV path", "budget": "FLA_BWD_DS_BUDGET_MIB",
+    message = {"dkv_path": "dK/dV path", "budget": "FLA_BWD_DS_BUDGET_MIB", "budget_gated": "FLA_BWD_DS_BUDGET_MIB",
                "split": "multiple of 4"}.get(what, "needs a dense call")
     forced = {"dkv_path": "per-query-head", "split": "gqa-split4"}.get(what, "auto")  # split: G = 2
     with dq_path("from-ds"), dkv_path(forced):
@@ -455,7 +457,7 @@ def test_bad_settings_raise(monkeypatch):
     with pytest.raises(ValueError, match="FLA_BWD_DQ_PATH must be one of"):
         run_parallel(case, x)
     monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")
-    for bad in ("lots", "-1", "nan"):
+    for bad in ("lots", "-1", "nan", "inf"):
         monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", bad)
         with pytest.raises(ValueError, match="FLA_BWD_DS_BUDGET_MIB must be a number"):
             run_parallel(case, x)

@@ -29,6 +29,8 @@ CPU_CASES = [
     # Sink + packed sequences (length-1 ones, several KV heads).
     Case(T=80, HQ=4, H=2, K=64, dtype=bf16, sink=RANDN, cu_seqlens=(0, 1, 2, 40, 80)),
     Case(T=100, HQ=8, H=2, K=64, dtype=f16, sink=RANDN, gate=True, window=20, cu_seqlens=(0, 33, 34, 34, 100)),
+    # A bf16 sink over several sequences: the oracle's dsink is summed in fp32 (`helpers.run_reference`).
+    Case(T=120, HQ=4, H=2, K=64, dtype=bf16, sink=RANDN, sink_dtype=bf16, cu_seqlens=(0, 30, 31, 77, 120)),
     # Extreme sinks.
     Case(B=2, T=63, HQ=4, H=2, K=64, dtype=bf16, sink=-30.0),
     Case(B=1, T=63, HQ=4, H=1, K=64, dtype=f16, sink=-30.0, gate=True, window=16),

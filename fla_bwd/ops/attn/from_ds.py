@@ -506,10 +506,6 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v, head dims up to 128 and no sink")
-    if gated_without_o_lo:
-        raise ValueError("dq path 'from-ds' with a gate needs o's rounding residual from the forward, which it makes "
-                         "only in eager calls (not under torch.compile) where FLA_BWD_DQ_PATH was already 'from-ds' "
-                         "at the forward")
     hopper = _hopper(s, aligned)
     if hopper and forced_dkv == "auto":
         split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
@@ -518,6 +514,11 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
     if chunk is None:
         raise ValueError(f"dq path 'from-ds': one query head of every KV head's share needs more dS scratch than "
                          f"FLA_BWD_DS_BUDGET_MIB = {budget / 2**20:g} MiB allows")
+    # Last: the forward's `needs_exact_o` swallows the reasons above, so they must reach the backward first.
+    if gated_without_o_lo:
+        raise ValueError("dq path 'from-ds' with a gate needs o's rounding residual from the forward, which it makes "
+                         "only in eager calls (not under torch.compile) where FLA_BWD_DQ_PATH was already 'from-ds' "
+                         "at the forward")
     return FiveProduct(split, chunk, hopper)
 
 

@@ -6,7 +6,6 @@ Triton's interpreter is off, any tensor when the interpreter is only half on (`t
 CUDA for compiled kernels.
 """
 
-import math
 import numbers
 import os
 import sys
@@ -18,11 +17,15 @@ import triton.language as tl
 
 MAX_HEAD_DIM = 256
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+GATE_DTYPES = FLOAT_DTYPES + (torch.float64,)  # g and sink_bias: read in their own dtype, then in fp32
+FP32_MAX = torch.finfo(torch.float32).max
 
 
 def _tensor(name: str, x, ndim: int) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}: use {name}.to_dense()")
     if x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     return x
@@ -217,15 +220,17 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
     devices = {("q", q.device), ("k", k.device), ("v", v.device)}
     if g is not None:
         _tensor("g", g, 3)
-        if not g.dtype.is_floating_point:
-            raise TypeError(f"g must be a floating-point tensor, got {g.dtype}")
+        if g.dtype not in GATE_DTYPES:
+            raise TypeError(f"g must be a floating-point tensor of float16, bfloat16, float32 or float64, "
+                            f"got {g.dtype}")
         if g.shape != (B, T, HQ):
             raise ValueError(f"g must be [B, T, HQ] = [{B}, {T}, {HQ}], got {tuple(g.shape)}")
         devices.add(("g", g.device))
     if sink_bias is not None:
         _tensor("sink_bias", sink_bias, 1)
-        if not sink_bias.dtype.is_floating_point:
-            raise TypeError(f"sink_bias must be a floating-point tensor, got {sink_bias.dtype}")
+        if sink_bias.dtype not in GATE_DTYPES:
+            raise TypeError(f"sink_bias must be a floating-point tensor of float16, bfloat16, float32 or float64, "
+                            f"got {sink_bias.dtype}")
         if sink_bias.shape != (HQ,):
             raise ValueError(f"sink_bias must be [HQ] = [{HQ}], got {tuple(sink_bias.shape)}")
         devices.add(("sink_bias", sink_bias.device))
@@ -236,8 +241,8 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
             raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
+        if not abs(scale) <= FP32_MAX:  # the kernels take it in fp32
+            raise ValueError(f"scale must be finite in float32 (|scale| <= {FP32_MAX:.6g}), got {scale}")
     if window_size is not None:
         if isinstance(window_size, bool) or not isinstance(window_size, int):
             raise TypeError(f"window_size must be a non-negative int or None, got {type(window_size).__name__}")
