@@ -552,9 +552,9 @@ def parallel_attn(
         q: `[B, T, HQ, K]` queries, float16, bfloat16 or float32.
         k: `[B, T, H, K]` keys, q's dtype. HQ must be a multiple of H; query head h reads KV head h // (HQ // H).
         v: `[B, T, H, V]` values, q's dtype. K and V are any sizes from 1 to 256 and may differ.
-        g: optional `[B, T, HQ]` log forget gate (Forgetting Transformer), any float dtype. With gc its cumulative
-            sum over each sequence (fp32), score(i, j) += gc_i - gc_j.
-        scale: score scale; defaults to K ** -0.5. Must be finite.
+        g: optional `[B, T, HQ]` log forget gate (Forgetting Transformer), fp16, bf16, fp32 or fp64. With gc its
+            cumulative sum over each sequence (fp32), score(i, j) += gc_i - gc_j.
+        scale: score scale; defaults to K ** -0.5. Must be finite in fp32.
         window_size: optional W >= 1; query i sees keys [i - W + 1, i] (flash-attn's `(W - 1, 0)`). None (or
             W >= T) is full causal. 0 is FLA's "no key visible", allowed with `sink_bias` only: o is 0 and every
             gradient 0 (the sink takes all the mass).
@@ -564,7 +564,7 @@ def parallel_attn(
         chunk_indices: FLA's precomputed `[NT, 2]` tile list of `cu_seqlens` (`prepare_chunk_indices`); accepted
             and checked for FLA's calls, not read (this package tiles from `cu_seqlens` itself).
         sink_bias: optional `[HQ]` attention-sink logits (GPT-OSS): one extra logit per query head in the softmax
-            denominator only. Its gradient is computed in fp32 and returned in sink_bias's dtype.
+            denominator only; fp16, bf16, fp32 or fp64. Its gradient is computed in fp32, returned in sink_bias's dtype.
 
     Returns:
         o: `[B, T, HQ, V]` in q's dtype. Differentiable with respect to q, k, v, g and sink_bias; gradients come
