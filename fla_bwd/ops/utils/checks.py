@@ -36,6 +36,12 @@ def _float(name: str, x: torch.Tensor) -> None:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
 
 
+def _gate_float(name: str, x: torch.Tensor) -> None:
+    if x.dtype not in GATE_DTYPES:
+        raise TypeError(f"{name} must be a floating-point tensor of float16, bfloat16, float32 or float64, "
+                        f"got {x.dtype}")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Can the kernels run at all? (Triton's interpreter, devices)
 # ----------------------------------------------------------------------------------------------------------------
@@ -220,17 +226,13 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
     devices = {("q", q.device), ("k", k.device), ("v", v.device)}
     if g is not None:
         _tensor("g", g, 3)
-        if g.dtype not in GATE_DTYPES:
-            raise TypeError(f"g must be a floating-point tensor of float16, bfloat16, float32 or float64, "
-                            f"got {g.dtype}")
+        _gate_float("g", g)
         if g.shape != (B, T, HQ):
             raise ValueError(f"g must be [B, T, HQ] = [{B}, {T}, {HQ}], got {tuple(g.shape)}")
         devices.add(("g", g.device))
     if sink_bias is not None:
         _tensor("sink_bias", sink_bias, 1)
-        if sink_bias.dtype not in GATE_DTYPES:
-            raise TypeError(f"sink_bias must be a floating-point tensor of float16, bfloat16, float32 or float64, "
-                            f"got {sink_bias.dtype}")
+        _gate_float("sink_bias", sink_bias)
         if sink_bias.shape != (HQ,):
             raise ValueError(f"sink_bias must be [HQ] = [{HQ}], got {tuple(sink_bias.shape)}")
         devices.add(("sink_bias", sink_bias.device))
