@@ -105,15 +105,15 @@ def delta_kernel(o, o_lo, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
-def _dq_ds_edge_block(b_dq, b_rs, b_ks, b_ones_k, b_ones_q, ds_base, b_k, b_kf, qi, i_j, lo, mid, hi, exists, W,
+def _dq_ds_edge_block(b_dq, b_rs, b_ks, b_ones_k, b_ones_q, ds_base, b_kf, qi, i_j, lo, hi, exists, W,
                       BT: tl.constexpr, BQ: tl.constexpr, USE_G: tl.constexpr):
-    """dq += dS K for query block qi and key tile i_j, which qi may see in part (window edge, diagonal: masked) or
-    not at all (outside [lo, hi], or no block qi: its dS loads as 0 and adds exactly 0). b_kf is b_k with its
-    non-finite rows zeroed, for the masked and unseen tiles: there the stored dS is 0 where a row cannot see a key,
-    and 0 * Inf = NaN would reach rows that do not depend on it (the rows that see a bad key already hold NaN in
-    dS, see `inner.finite_rows`); a tile qi sees whole multiplies b_k itself. USE_G: b_rs += the tile's row sums
-    of dS over the keys other than the query itself (`_row_sums`), b_ks += its column sums over the queries other
-    than the key itself (`_key_sums`)."""
+    """dq += dS K for query block qi and key tile i_j, which qi may see whole, in part (window edge, diagonal:
+    masked) or not at all (outside [lo, hi], or no block qi: its dS loads as 0 and adds exactly 0). b_kf is the key
+    tile with its non-finite elements zeroed (`inner.finite_rows`): where a row cannot see a key the stored dS is
+    0, and 0 * Inf = NaN would reach rows that do not depend on it, while the rows that see a bad key hold NaN in
+    dS (see `inner.finite_rows`). Whole tiles take b_kf too: the tile and b_kf both live spilled (PERF.md #64).
+    USE_G: b_rs += the tile's row sums of dS (`_row_sums`), b_ks += its column sums (`_key_sums`), the diagonal
+    dS_pp included in both: it enters dgc at p as +dS_pp and -dS_pp (PERF.md #64)."""
     o_r = tl.arange(0, BT)
     o_c = tl.arange(0, BQ)
     seen = exists & (i_j >= lo) & (i_j <= hi)
@@ -122,11 +122,9 @@ def _dq_ds_edge_block(b_dq, b_rs, b_ks, b_ones_k, b_ones_q, ds_base, b_k, b_kf, 
     b_dst = tl.load(ds_base + i_tile * (BT * BQ) + o_r[:, None] * BQ + o_c[None, :],
                     mask=o_r[:, None] < tl.where(seen, BT, 0), other=0)
     if USE_G:
-        b_off = tl.where((i_j * BT + o_r)[:, None] != (qi * BQ + o_c)[None, :], b_dst, 0)
-        b_rs = _row_sums(b_rs, b_off, b_ones_k)
-        b_ks = _key_sums(b_ks, b_off, b_ones_q)
-    whole = (i_j >= mid) & (i_j < hi)
-    return b_dq + tl.dot(tl.trans(b_dst), tl.where(whole, b_k, b_kf)), b_rs, b_ks
+        b_rs = _row_sums(b_rs, b_dst, b_ones_k)
+        b_ks = _key_sums(b_ks, b_dst, b_ones_q)
+    return b_dq + tl.dot(tl.trans(b_dst), b_kf), b_rs, b_ks
 
 
 @triton.jit
@@ -164,22 +162,21 @@ def _store_key_sums(p_ks, b_ks, i_j, T, BT: tl.constexpr):
 
 
 @triton.jit
-def _dq_ds_edges(b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, j0, j1, lo_a, mid_a,
-                 hi_a, lo_b, mid_b, hi_b, b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr,
+def _dq_ds_edges(b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, j0, j1, lo_a, hi_a,
+                 lo_b, hi_b, b_exists, T, W, stride_k, K: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr,
                  BK: tl.constexpr, USE_G: tl.constexpr, WITH_A: tl.constexpr):
     """Key tiles [j0, j1) for query blocks qa and qa + 1, where at least one of them does not see a tile whole;
     WITH_A False: tiles past block qa's diagonal, which only qa + 1 sees. USE_G: each tile's key sums to p_ks."""
     for i_j in range(j0, j1):
         # [BT, BK]
-        b_k = load_rows(k_base, i_j * BT + tl.arange(0, BT), T, stride_k, N=K, BN=BK, FULL=False)
-        b_kf, _ = finite_rows(b_k)
+        b_kf, _ = finite_rows(load_rows(k_base, i_j * BT + tl.arange(0, BT), T, stride_k, N=K, BN=BK, FULL=False))
         # [BT, 16]: `_key_sums`
         b_ks = tl.zeros([BT, 16], dtype=tl.float32)
         if WITH_A:
-            b_dqa, b_rsa, b_ks = _dq_ds_edge_block(b_dqa, b_rsa, b_ks, b_ones_k, b_ones_q, ds_base, b_k, b_kf, qa,
-                                                   i_j, lo_a, mid_a, hi_a, True, W, BT=BT, BQ=BQ, USE_G=USE_G)
-        b_dqb, b_rsb, b_ks = _dq_ds_edge_block(b_dqb, b_rsb, b_ks, b_ones_k, b_ones_q, ds_base, b_k, b_kf, qa + 1,
-                                               i_j, lo_b, mid_b, hi_b, b_exists, W, BT=BT, BQ=BQ, USE_G=USE_G)
+            b_dqa, b_rsa, b_ks = _dq_ds_edge_block(b_dqa, b_rsa, b_ks, b_ones_k, b_ones_q, ds_base, b_kf, qa, i_j,
+                                                   lo_a, hi_a, True, W, BT=BT, BQ=BQ, USE_G=USE_G)
+        b_dqb, b_rsb, b_ks = _dq_ds_edge_block(b_dqb, b_rsb, b_ks, b_ones_k, b_ones_q, ds_base, b_kf, qa + 1, i_j,
+                                               lo_b, hi_b, b_exists, W, BT=BT, BQ=BQ, USE_G=USE_G)
         if USE_G:
             _store_key_sums(p_ks, b_ks, i_j, T, BT=BT)
     return b_dqa, b_dqb, b_rsa, b_rsb
@@ -241,20 +238,21 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     # [BT, 16] and [BQ, 16]: `_ones_column` (one block where BT = BQ)
     b_ones_k = _ones_column(BT, ds.dtype.element_ty)
     b_ones_q = _ones_column(BQ, ds.dtype.element_ty)
+    b_ones_qb = tl.where(b_exists, b_ones_q, 0).to(ds.dtype.element_ty)  # no block b: its tiles are a's again
     m = tl.minimum(tl.maximum(mid_a, mid_b), hi_a)  # [m, hi_a): the tiles both blocks see whole
     # The edges before the bulk loop: a loop after it made ptxas (Triton 3.6) serialize every wgmma of the kernel
     # (C7515, PERF.md #48). First [lo_a, m) (window edge), then block a's diagonal, then the tiles after it, which
     # only block b sees (block a's products with them were all zeros).
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
-        b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, lo_a, m, lo_a, mid_a, hi_a, lo_b,
-        mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
+        b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, lo_a, m, lo_a, hi_a, lo_b, hi_b,
+        b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
-        b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, hi_a, hi_a + 1, lo_a, mid_a, hi_a,
-        lo_b, mid_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
+        b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, hi_a, hi_a + 1, lo_a, hi_a, lo_b,
+        hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=True)
     b_dqa, b_dqb, b_rsa, b_rsb = _dq_ds_edges(
         b_dqa, b_dqb, b_rsa, b_rsb, b_ones_k, b_ones_q, ds_base, k_base, p_ks, qa, hi_a + 1,
-        tl.where(b_exists, hi_b, hi_a) + 1, lo_a, mid_a, hi_a, lo_b, mid_b, hi_b,
-        b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK, USE_G=USE_G, WITH_A=False)
+        tl.where(b_exists, hi_b, hi_a) + 1, lo_a, hi_a, lo_b, hi_b, b_exists, T, W, H * K, K=K, BT=BT, BQ=BQ, BK=BK,
+        USE_G=USE_G, WITH_A=False)
     i_ta = ds_tile_index(qa, 0, W, BQ=BQ, BT=BT)
     i_tb = tl.where(b_exists, ds_tile_index(qa + 1, 0, W, BQ=BQ, BT=BT), i_ta)  # no block b: read a's, store none
     # int32 offsets within a tile from int64 scalar bases: 64-bit offset tensors cost the loop its registers.
@@ -267,13 +265,15 @@ def parallel_attn_bwd_kernel_dq_from_ds(
         # [BT, BQ]
         b_dsta = tl.load(ds_base + (i_ta + i_j) * (BT * BQ) + o_ds)
         b_dstb = tl.load(ds_base + (i_tb + i_j) * (BT * BQ) + o_ds)
+        if USE_G:
+            # First: the store needs them done, and Triton waits for every product in flight (wait 0) before it; here
+            # that is the last tile's products, which ran during its store and the loads.
+            b_ks = _key_sums(_key_sums(tl.zeros([BT, 16], dtype=tl.float32), b_dsta, b_ones_q), b_dstb, b_ones_qb)
         b_dqa += tl.dot(tl.trans(b_dsta), b_k)
         b_dqb += tl.dot(tl.trans(b_dstb), b_k)
         if USE_G:
             b_rsa = _row_sums(b_rsa, b_dsta, b_ones_k)
             b_rsb = _row_sums(b_rsb, b_dstb, b_ones_k)
-            b_ks = _key_sums(tl.zeros([BT, 16], dtype=tl.float32), b_dsta, b_ones_q)
-            b_ks = tl.where(b_exists, _key_sums(b_ks, b_dstb, b_ones_q), b_ks)  # no block b: its tiles are a's again
             _store_key_sums(p_ks, b_ks, i_j, T, BT=BT)
     o_k = tl.arange(0, BK)
     p_dq = dq + (bos * HQ + i_hq) * K + o_k[None, :]
