@@ -1,5 +1,5 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Package-wide helpers: host integer arithmetic, interpreter detection and its bf16 fix."""
+"""Package-wide helpers: host integer arithmetic, interpreter detection and its bf16 and index fixes."""
 
 import contextlib
 import functools
@@ -114,3 +114,60 @@ def interpreter_bf16_fix():
                 else:
                     setattr(builder, name, original)
             _BF16_FIX_SAVED.clear()
+
+
+@functools.cache
+def _index_fix_needed() -> bool:
+    """Whether the interpreter's own `__index__` of a scalar fails: Triton 3.6 converts the scalar's 1-element array
+    with `int()`, which NumPy >= 2.4 refuses (triton-lang/triton issue 9171, fixed after 3.6), so every
+    `range(0, n)` over a run-time bound raises. Asked of the interpreter itself, on a stand-in class."""
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+        patch, scope = interpreter._patch_lang_tensor, interpreter._LangPatchScope()
+    except (ImportError, AttributeError):  # pragma: no cover - a triton without these interpreter internals
+        return False
+
+    class Scalar:
+        handle = type("Handle", (), {"data": np.zeros(1, dtype=np.int32)})
+
+    patch(Scalar, scope)
+    try:
+        Scalar().__index__()
+        return False
+    except TypeError:
+        return True
+    finally:
+        scope.restore()
+
+
+_INDEX_FIX_DEPTH = 0  # nesting depth of `interpreter_index_fix`
+
+
+@contextlib.contextmanager
+def interpreter_index_fix():
+    """Inside the block, where the interpreter needs it (`_index_fix_needed`), its tensors' `__index__` reads the
+    one element of a scalar's array, as later Tritons do: the interpreter's `_patch_lang_tensor`, which installs the
+    tensor methods at each launch, is wrapped for the block and the very function that was there is put back when
+    the outermost block exits (also on an exception). Nests. Yields whether the fix is in place."""
+    global _INDEX_FIX_DEPTH
+    if not _index_fix_needed():
+        yield False
+        return
+    from triton.runtime import interpreter
+    original = interpreter._patch_lang_tensor if _INDEX_FIX_DEPTH == 0 else None
+    if original is not None:
+        def patch_lang_tensor(tensor, scope):
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
+
+        patch_lang_tensor._fla_bwd_fix = True
+        interpreter._patch_lang_tensor = patch_lang_tensor
+    _INDEX_FIX_DEPTH += 1
+    try:
+        yield True
+    finally:
+        _INDEX_FIX_DEPTH -= 1
+        # Replaced by someone else inside the block: theirs stays.
+        if original is not None and getattr(interpreter._patch_lang_tensor, "_fla_bwd_fix", False):
+            interpreter._patch_lang_tensor = original

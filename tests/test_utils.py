@@ -1,6 +1,6 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """fla_bwd.utils: the interpreter's bf16 fix (each of its two patches is shown needed, and
-shown not to leak to another library's kernels)."""
+shown not to leak to another library's kernels) and its index fix (on a simulated Triton 3.6 interpreter)."""
 
 import os
 import subprocess
@@ -13,7 +13,9 @@ import triton
 import triton.language as tl
 from conftest import DEVICE
 
-from fla_bwd.utils import interpreter_bf16_fix, is_interpreter
+import fla_bwd.utils as U
+from fla_bwd.ops.utils.cumsum import gate_cumsum
+from fla_bwd.utils import interpreter_bf16_fix, interpreter_index_fix, is_interpreter
 
 interpreter_only = pytest.mark.skipif(
     DEVICE == "cuda", reason="the bf16 fix patches Triton's CPU interpreter, which is not in use on the GPU")
@@ -26,6 +28,14 @@ def _dot_kernel(a, b, c, N: tl.constexpr):
     b_a = tl.load(a + p)
     b_b = tl.load(b + p)
     tl.store(c + p, tl.dot(b_a, b_b))
+
+
+@triton.jit
+def _count_kernel(y, n):
+    b_y = tl.zeros([1], dtype=tl.int32)
+    for _ in range(0, tl.cdiv(n, 4)):  # a run-time bound: range() takes the tensor's __index__
+        b_y += 1
+    tl.store(y + tl.arange(0, 1), b_y)
 
 
 @triton.jit
@@ -206,3 +216,68 @@ def test_fix_does_not_leak_to_other_kernels():
     r = subprocess.run([sys.executable, "-c", _FOREIGN], cwd=root, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.fixture
+def triton36_index(monkeypatch):
+    """The interpreter as Triton 3.6 behaves under NumPy >= 2.4: a scalar's `__index__` converts its 1-element
+    array, which raises (here by `operator.index`, which raises so under every NumPy)."""
+    import operator
+
+    from triton.runtime import interpreter
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: operator.index(self.handle.data))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch_lang_tensor)
+    U._index_fix_needed.cache_clear()
+    yield patch_lang_tensor
+    monkeypatch.undo()
+    U._index_fix_needed.cache_clear()
+
+
+def _count(n):
+    y = torch.full((1,), -1, dtype=torch.int32, device=DEVICE)
+    _count_kernel[(1,)](y, n)
+    return y.item()
+
+
+@interpreter_only
+def test_index_fix_is_needed_and_scoped(triton36_index):
+    from triton.runtime import interpreter
+    with pytest.raises(Exception, match="integer"):
+        _count(10)
+    with interpreter_index_fix() as active:
+        assert active is True
+        with interpreter_index_fix() as inner:  # nests
+            assert inner is True
+        assert _count(10) == 3, "leaving an inner block must keep the fix"
+    assert interpreter._patch_lang_tensor is triton36_index, "the interpreter's own function must be put back"
+    with pytest.raises(KeyError):
+        with interpreter_index_fix():
+            raise KeyError("inside the block")
+    assert interpreter._patch_lang_tensor is triton36_index, "restored on error"
+    with pytest.raises(Exception, match="integer"):
+        _count(10)
+
+
+@interpreter_only
+def test_launcher_enters_index_fix(triton36_index):
+    """The package's launches run under the fix: the gate scan's loop over 16-token chunks has a run-time bound."""
+    g = torch.randn(1, 40, 2, device=DEVICE)  # 3 chunks
+    ref = (g.cumsum(1) * 1.4426950408889634).permute(2, 0, 1).reshape(2, 40)  # gc in base-2 units, [HQ, B * T]
+    assert torch.allclose(gate_cumsum(g, None), ref, rtol=1e-5, atol=1e-5)
+
+
+@interpreter_only
+def test_index_fix_idle_where_not_needed():
+    U._index_fix_needed.cache_clear()
+    needed = U._index_fix_needed()
+    from triton.runtime import interpreter
+    before = interpreter._patch_lang_tensor
+    with interpreter_index_fix() as active:
+        assert active is needed
+        assert (interpreter._patch_lang_tensor is before) is not needed
+    assert interpreter._patch_lang_tensor is before

@@ -28,7 +28,7 @@ from triton.runtime import _allocation
 from triton.runtime.jit import JITFunction
 
 from fla_bwd import settings
-from fla_bwd.utils import interpreter_bf16_fix, is_interpreter
+from fla_bwd.utils import interpreter_bf16_fix, interpreter_index_fix, is_interpreter
 
 
 class Ref(NamedTuple):
@@ -57,14 +57,14 @@ def _hooks_empty() -> bool:
 
 @contextlib.contextmanager
 def _interpreted():
-    """Around this package's interpreted launches only: the interpreter's bf16 fix (`interpreter_bf16_fix`), and
+    """Around this package's interpreted launches only: the interpreter's bf16 and index fixes (`fla_bwd.utils`), and
     numpy's floating-point warnings off. Lanes past a sequence's end compute 0 / 0 and log2(0) as they do on the
     GPU, silently there; no such lane is ever stored (every store is masked), and the tests compare every stored
     element. The interpreter's max/min reductions are numpy's nanmax/nanmin, which warn on a row that is all NaN:
     a NaN input does that by design (containment, tests/ops/test_attn_nan.py), silently on the GPU too."""
     import numpy as np
 
-    with interpreter_bf16_fix(), np.errstate(all="ignore"), warnings.catch_warnings():
+    with interpreter_bf16_fix(), interpreter_index_fix(), np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="All-NaN (slice|axis) encountered", category=RuntimeWarning)
         yield
 
