@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 from conftest import DEVICE
+from triton.runtime.errors import InterpreterError
 
 import fla_bwd.utils as U
 from fla_bwd.ops.utils.cumsum import gate_cumsum
@@ -247,7 +248,7 @@ def _count(n):
 @interpreter_only
 def test_index_fix_is_needed_and_scoped(triton36_index):
     from triton.runtime import interpreter
-    with pytest.raises(Exception, match="integer"):
+    with pytest.raises(InterpreterError, match="integer"):
         _count(10)
     with interpreter_index_fix() as active:
         assert active is True
@@ -259,7 +260,7 @@ def test_index_fix_is_needed_and_scoped(triton36_index):
         with interpreter_index_fix():
             raise KeyError("inside the block")
     assert interpreter._patch_lang_tensor is triton36_index, "restored on error"
-    with pytest.raises(Exception, match="integer"):
+    with pytest.raises(InterpreterError, match="integer"):
         _count(10)
 
 
