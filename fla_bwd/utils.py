@@ -24,16 +24,13 @@ def is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _bf16_fix_patches():
-    """(InterpreterBuilder, {method name: fixed method}) for the two bf16 corrections of `interpreter_bf16_fix`, or
-    None on a Triton without the interpreter module. Built on each call from the builder's current methods (cheap:
-    two closures); the originals they wrap are the ones present when the fix is entered."""
-    try:
-        import numpy as np
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:  # pragma: no cover - a triton without the interpreter module
-        return None
+def _bf16_fixed_methods() -> dict:
+    """{method name: fixed method} for the two bf16 corrections of `interpreter_bf16_fix`, built from the
+    interpreter builder's current methods (cheap: two closures) when the fix is entered."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
     builder = interpreter.InterpreterBuilder
     original_dot, original_cast = builder.create_dot, builder.cast_impl
 
@@ -56,15 +53,36 @@ def _bf16_fix_patches():
         return original_cast(self, src, dst_type)
 
     create_dot._fla_bwd_fix = cast_impl._fla_bwd_fix = True
-    return builder, {"create_dot": create_dot, "cast_impl": cast_impl}
+    return {"create_dot": create_dot, "cast_impl": cast_impl}
 
 
-_BF16_FIX_DEPTH = 0  # nesting depth of `interpreter_bf16_fix`
-_BF16_FIX_SAVED: dict = {}  # method name -> the builder's own attribute before the outermost entry (absent: None)
+_FIX_DEPTH = {"bf16": 0, "index": 0}  # nesting depth of each interpreter fix
 
 
-def _bf16_fix_active(builder) -> bool:
-    return getattr(builder.create_dot, "_fla_bwd_fix", False)
+@contextlib.contextmanager
+def _scoped_patch(fix: str, target, make_fixed):
+    """The interpreter fixes' one mechanism. In the outermost block of `fix`, `target`'s attributes become
+    `make_fixed()`'s {name: value} (values marked `_fla_bwd_fix`; one already ours is left); when that block exits
+    (also on an exception), the very objects that were there are put back, an inherited one by removing the
+    override, except where someone else replaced ours inside the block: theirs stays. Nests."""
+    saved = {}  # name -> target's own attribute before the outermost entry (None: it was inherited)
+    if _FIX_DEPTH[fix] == 0:
+        for name, value in make_fixed().items():
+            if not getattr(getattr(target, name, None), "_fla_bwd_fix", False):
+                saved[name] = vars(target).get(name)
+                setattr(target, name, value)
+    _FIX_DEPTH[fix] += 1
+    try:
+        yield
+    finally:
+        _FIX_DEPTH[fix] -= 1
+        for name, original in saved.items():
+            if not getattr(vars(target).get(name), "_fla_bwd_fix", False):
+                continue
+            if original is None:
+                delattr(target, name)
+            else:
+                setattr(target, name, original)
 
 
 @contextlib.contextmanager
@@ -79,41 +97,21 @@ def interpreter_bf16_fix():
       rounded P and every stored output (o's error ratio against the fp32 oracle doubled, 1.9e-3 -> 3.9e-3).
       We round to nearest even, as `torch.Tensor.to(torch.bfloat16)` does.
     The interpreter's builder is a class shared by every interpreted kernel in the process, so the two methods are
-    replaced when the outermost block is entered and the very objects that were there are put back when it exits
-    (also on an exception): another library's interpreted kernel, run outside our calls, behaves exactly as
-    without fla_bwd. Under the interpreter a launch runs the whole grid synchronously, so the launcher enters this
-    around each interpreted launch (`fla_bwd.ops.utils.launch.Launch`). Nests (a depth count); not thread-safe
-    beyond that: a kernel of another library run by another thread while one of ours runs sees the fix. Yields
-    True when the fix is in place, False on a Triton without the interpreter module. Compiled GPU kernels never
-    run this code. `tests/test_utils.py` shows each correction is needed and that nothing leaks.
+    replaced only inside the outermost block (`_scoped_patch`): another library's interpreted kernel, run outside
+    our calls, behaves exactly as without fla_bwd. Under the interpreter a launch runs the whole grid
+    synchronously, so the launcher enters this around each interpreted launch (`fla_bwd.ops.utils.launch.Launch`).
+    Nests (a depth count); not thread-safe beyond that: a kernel of another library run by another thread while
+    one of ours runs sees the fix. Yields True when the fix is in place, False on a Triton without the interpreter
+    module. Compiled GPU kernels never run this code. `tests/test_utils.py` shows each correction is needed and
+    that nothing leaks.
     """
-    global _BF16_FIX_DEPTH
-    patches = _bf16_fix_patches() if _BF16_FIX_DEPTH == 0 else None
-    if _BF16_FIX_DEPTH == 0:
-        if patches is None:
-            yield False
-            return
-        builder, fixed = patches
-        _BF16_FIX_SAVED.clear()
-        if not _bf16_fix_active(builder):  # not already fixed (by another caller)
-            for name, method in fixed.items():
-                _BF16_FIX_SAVED[name] = vars(builder).get(name)
-                setattr(builder, name, method)
-    _BF16_FIX_DEPTH += 1
     try:
+        from triton.runtime.interpreter import InterpreterBuilder
+    except ImportError:  # pragma: no cover - a triton without the interpreter module
+        yield False
+        return
+    with _scoped_patch("bf16", InterpreterBuilder, _bf16_fixed_methods):
         yield True
-    finally:
-        _BF16_FIX_DEPTH -= 1
-        if _BF16_FIX_DEPTH == 0 and _BF16_FIX_SAVED:
-            from triton.runtime.interpreter import InterpreterBuilder as builder
-            for name, original in _BF16_FIX_SAVED.items():
-                if not getattr(vars(builder).get(name), "_fla_bwd_fix", False):
-                    continue  # replaced by someone else inside the block: theirs stays
-                if original is None:
-                    delattr(builder, name)  # it was inherited, not the class's own
-                else:
-                    setattr(builder, name, original)
-            _BF16_FIX_SAVED.clear()
 
 
 @functools.cache
@@ -141,33 +139,25 @@ def _index_fix_needed() -> bool:
         scope.restore()
 
 
-_INDEX_FIX_DEPTH = 0  # nesting depth of `interpreter_index_fix`
-
-
 @contextlib.contextmanager
 def interpreter_index_fix():
     """Inside the block, where the interpreter needs it (`_index_fix_needed`), its tensors' `__index__` reads the
     one element of a scalar's array, as later Tritons do: the interpreter's `_patch_lang_tensor`, which installs the
-    tensor methods at each launch, is wrapped for the block and the very function that was there is put back when
-    the outermost block exits (also on an exception). Nests. Yields whether the fix is in place."""
-    global _INDEX_FIX_DEPTH
+    tensor methods at each launch, is wrapped for the block (`_scoped_patch`). Yields whether the fix is in place."""
     if not _index_fix_needed():
         yield False
         return
     from triton.runtime import interpreter
-    original = interpreter._patch_lang_tensor if _INDEX_FIX_DEPTH == 0 else None
-    if original is not None:
+
+    def make_fixed():
+        original = interpreter._patch_lang_tensor
+
         def patch_lang_tensor(tensor, scope):
             original(tensor, scope)
             scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
 
         patch_lang_tensor._fla_bwd_fix = True
-        interpreter._patch_lang_tensor = patch_lang_tensor
-    _INDEX_FIX_DEPTH += 1
-    try:
+        return {"_patch_lang_tensor": patch_lang_tensor}
+
+    with _scoped_patch("index", interpreter, make_fixed):
         yield True
-    finally:
-        _INDEX_FIX_DEPTH -= 1
-        # Replaced by someone else inside the block: theirs stays.
-        if original is not None and getattr(interpreter._patch_lang_tensor, "_fla_bwd_fix", False):
-            interpreter._patch_lang_tensor = original
