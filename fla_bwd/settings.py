@@ -9,7 +9,6 @@
 | FLA_BWD_DQ_PATH | `DQ_PATHS` | at each backward (`forced_dq_path`); `dq_path(...)` overrides it for a block |
 | FLA_BWD_DS_BUDGET_MIB | a number >= 0 | at each backward (`ds_budget_bytes`): the five-product backward's scratch |
 | FLA_BWD_DS_KERNEL | `DS_KERNELS` | at each backward (`forced_ds_kernel`); `ds_kernel(...)` overrides it for a block |
-| FLA_BWD_DQ_OVERLAP_SMS | "auto" or a whole number >= 0 | at each backward (`forced_dq_overlap`): dQ from dS beside dK/dV |
 
 The per-backward ones are read per call so that tests and A/B runs can set them between calls. Values are the strings
 users type; the code that acts on them turns them into data at once (`parallel.DkvKernel`, `host.Containment`).
@@ -131,17 +130,6 @@ def ds_budget_bytes() -> int:
     if not 0 <= mib < float("inf"):
         raise ValueError(f"FLA_BWD_DS_BUDGET_MIB must be a number of MiB >= 0 and finite, got {text!r}")
     return int(mib * 2**20)
-
-
-def forced_dq_overlap() -> Optional[int]:
-    """The SMs that FLA_BWD_DQ_OVERLAP_SMS leaves to the five-product backward's dQ-from-dS launches while the next
-    chunk's dK/dV runs beside them (0: one after the other), or None for "auto" (unset), `from_ds.overlap_sms`."""
-    text = _getenv("FLA_BWD_DQ_OVERLAP_SMS", "auto")
-    if text == "auto":
-        return None
-    if not (text.isascii() and text.isdigit()):
-        raise ValueError(f"FLA_BWD_DQ_OVERLAP_SMS must be 'auto' or a whole number of SMs >= 0, got {text!r}")
-    return int(text)
 
 
 def forced_containment() -> str:

@@ -46,15 +46,3 @@ def test_bad_values_name_the_variable(monkeypatch):
     monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", "-1")
     with pytest.raises(ValueError, match="FLA_BWD_DS_BUDGET_MIB must be a number"):
         settings.ds_budget_bytes()
-
-
-def test_dq_overlap_sms(monkeypatch):
-    monkeypatch.delenv("FLA_BWD_DQ_OVERLAP_SMS", raising=False)
-    assert settings.forced_dq_overlap() is None
-    for text, sms in (("auto", None), ("0", 0), ("24", 24)):
-        monkeypatch.setenv("FLA_BWD_DQ_OVERLAP_SMS", text)
-        assert settings.forced_dq_overlap() == sms
-    for bad in ("-1", "1.5", " 3", "many", "", "\u0663"):  # the last: an Arabic-Indic 3, which int() would take
-        monkeypatch.setenv("FLA_BWD_DQ_OVERLAP_SMS", bad)
-        with pytest.raises(ValueError, match="FLA_BWD_DQ_OVERLAP_SMS must be 'auto' or a whole number"):
-            settings.forced_dq_overlap()

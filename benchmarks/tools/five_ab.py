@@ -9,8 +9,7 @@ Gated rows (g8-T8192-gated, ...) pass the gate too and report dg's oracle error.
 Candidates: "seven" (FLA_BWD_DQ_PATH=recompute), "five" (from-ds at the default dS budget), "five-1chunk"
 (from-ds with a budget large enough for one chunk) and "five@N" (from-ds at a budget of N MiB: smaller chunks), each
 optionally with knobs of the dQ-from-dS launch: "+wN" (num_warps N), "+sN" (num_stages N), "+rN" (maxnreg N),
-e.g. "five+w8+r128", "+triton" / "+hopper" (FLA_BWD_DS_KERNEL: the dK/dV kernel, default "auto") and "+oN"
-(FLA_BWD_DQ_OVERLAP_SMS=N: dQ from dS beside dK/dV with N SMs; "+o0": one after the other).
+e.g. "five+w8+r128", and "+triton" / "+hopper" (FLA_BWD_DS_KERNEL: the dK/dV kernel, default "auto").
 The
 results of issue 18's runs are in benchmarks/results/five-product/ (runs 1-3 and 10-11 used experiment switches,
 FLA_BWD_EXP_*, since removed: PERF.md #42 says which variant each was).
@@ -53,8 +52,8 @@ def knobs(name) -> dict:
     launch = dict(config.DQ_FROM_DS_LAUNCH)
     out = {}
     for knob in name.split("+")[1:]:
-        if knob in ("triton", "hopper") or (knob[:1] == "o" and knob[1:].isdigit()):
-            continue  # the ds kernel and the dQ overlap's SMs, `_Env`
+        if knob in ("triton", "hopper"):
+            continue  # the ds kernel, `_Env`
         if knob[:1] in ("w", "s", "r") and knob[1:].isdigit():
             launch[{"w": "num_warps", "s": "num_stages", "r": "maxnreg"}[knob[0]]] = int(knob[1:])
         else:
@@ -75,8 +74,6 @@ class _Env:
         self.knobs = knobs(cand)
         parts = cand.split("+")[1:]
         self.ds = "triton" if "triton" in parts else "hopper" if "hopper" in parts else "auto"
-        self.env = {"FLA_BWD_DS_BUDGET_MIB": self.budget, "FLA_BWD_DQ_OVERLAP_SMS": next(
-            (p[1:] for p in parts if p[:1] == "o" and p[1:].isdigit()), None)}
         self.plans = _PLAN_CACHES.setdefault(cand, {})
 
     def __enter__(self):
@@ -84,8 +81,9 @@ class _Env:
         self.ctx.__enter__()
         self.ds_ctx = settings.ds_kernel(self.ds)
         self.ds_ctx.__enter__()
-        self.old = {k: os.environ.pop(k, None) for k in self.env}
-        os.environ.update({k: v for k, v in self.env.items() if v is not None})
+        self.old = os.environ.pop("FLA_BWD_DS_BUDGET_MIB", None)
+        if self.budget is not None:
+            os.environ["FLA_BWD_DS_BUDGET_MIB"] = self.budget
         self.saved = {k: getattr(config, k) for k in self.knobs}
         for k, v in self.knobs.items():
             setattr(config, k, v)
@@ -95,10 +93,9 @@ class _Env:
         host._PLANS = self.saved_plans
         for k, v in self.saved.items():
             setattr(config, k, v)
-        for k, v in self.old.items():
-            os.environ.pop(k, None)
-            if v is not None:
-                os.environ[k] = v
+        os.environ.pop("FLA_BWD_DS_BUDGET_MIB", None)
+        if self.old is not None:
+            os.environ["FLA_BWD_DS_BUDGET_MIB"] = self.old
         self.ds_ctx.__exit__(*exc)
         self.ctx.__exit__(*exc)
 

@@ -7,7 +7,6 @@ bitwise determinism; and its own: the chunks of query heads are bitwise the one-
 the seven-product backward's (the same kernel, additions in the same order), and every call it cannot run raises.
 """
 
-import dataclasses
 import math
 
 import pytest
@@ -169,53 +168,6 @@ def test_chunks_are_bitwise_one_launch(split, chunk, heads, monkeypatch):
         assert torch.equal(chunked[name], seven[name]), name
 
 
-_HOPPER_CHUNKED = Case(B=2, T=1024, HQ=16, H=2, K=128, dtype=bf16)  # the Gluon dK/dV kernel's scope (GPU only)
-_BESIDE_CASES = [(_CHUNKED, 1, 2, False), (_CHUNKED, 1, 1, False), (_CHUNKED, 2, 1, False)] if DEVICE != "cuda" else \
-    [(_CHUNKED, 1, 4, False), (_CHUNKED, 1, 1, False), (_CHUNKED, 4, 1, False), (_HOPPER_CHUNKED, 1, 2, True),
-     (_HOPPER_CHUNKED, 1, 1, True), (_HOPPER_CHUNKED, 2, 2, True)]
-
-
-@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-@pytest.mark.parametrize("case,split,chunk,hopper", _BESIDE_CASES,
-                         ids=[f"split{s}-chunk{c}{'-hopper' * h}" for _, s, c, h in _BESIDE_CASES])
-def test_beside_is_bitwise_in_sequence(case, split, chunk, hopper, gated, monkeypatch):
-    """dQ from dS beside the next chunk's dK/dV (FLA_BWD_DQ_OVERLAP_SMS, two dS buffers within the budget, on two
-    streams where there is a GPU; on the Triton or, sm_90, the Hopper dK/dV kernel): the same o, dq, dk, dv (and
-    dg) bitwise as the same chunks one after the other and as one chunk, again (determinism), and the oracle's
-    values with poisoned buffers."""
-    if hopper and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Hopper dK/dV kernel needs an sm_90 GPU")
-    monkeypatch.setenv("FLA_BWD_DS_KERNEL", "hopper" if hopper else "triton")
-    case = dataclasses.replace(case, gate=gated)
-    x = make_inputs(case)
-    monkeypatch.setattr(host, "_PLANS", {})
-    spy = ChunkSpy(monkeypatch)
-    fives = []
-    monkeypatch.setattr(spy, "record", fives.append)
-    share = case.HQ // case.H // split
-    budget = case.B * case.H * split * chunk * _band_bytes(case) / 2**20
-    names = ("o", "dq", "dk", "dv", *(["dg"] if gated else []))
-    with dq_path("from-ds"), dkv_path(_SPLIT_PATHS[split]):
-        monkeypatch.setenv("FLA_BWD_DQ_OVERLAP_SMS", "0")
-        whole = run_parallel(case, x)
-        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(budget))
-        sequence = run_parallel(case, x)
-        monkeypatch.setenv("FLA_BWD_DQ_OVERLAP_SMS", "16")
-        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(budget / chunk))  # one head of each share, one buffer
-        with pytest.raises(ValueError, match="two dS buffers"):
-            run_parallel(case, x)
-        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(2 * budget))
-        beside = run_parallel(case, x)
-        again = run_parallel(case, x)
-        check_against_oracle(case)
-    assert fives[:2] == [from_ds.FiveProduct(split, share, hopper), from_ds.FiveProduct(split, chunk, hopper)], fives
-    assert fives[2:] == [from_ds.FiveProduct(split, chunk, hopper, 16)] * 3, fives
-    for name in names:
-        assert torch.equal(beside[name], sequence[name]), name
-        assert torch.equal(beside[name], whole[name]), name
-        assert torch.equal(again[name], beside[name]), name
-
-
 _GATED_CHUNKED = Case(B=2, T=70, HQ=8, H=2, K=64, dtype=bf16, gate=True) if DEVICE != "cuda" else \
     Case(B=2, T=900, HQ=16, H=2, K=128, dtype=bf16, gate=True)
 
@@ -354,24 +306,14 @@ def test_nan_inf_propagation(which, value, W, containment, gate, monkeypatch):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU (Triton's CPU interpreter has no graphs)")
-@pytest.mark.parametrize("case,chunks,beside", [(Case(B=2, T=256, HQ=8, H=2, K=64, window=64), 1, None),
-                                                (Case(B=2, T=1024, HQ=8, H=2, K=128), 2, None),
-                                                (Case(B=2, T=1024, HQ=8, H=2, K=128), 2, "triton"),
-                                                (Case(B=2, T=1024, HQ=8, H=2, K=128), 2, "hopper")],
-                         ids=["inline", "two-launch", "beside", "beside-hopper"])
-def test_whole_step_capture(case, chunks, beside, monkeypatch):
+@pytest.mark.parametrize("case,chunks", [(Case(B=2, T=256, HQ=8, H=2, K=64, window=64), 1),
+                                         (Case(B=2, T=1024, HQ=8, H=2, K=128), 2)], ids=["inline", "two-launch"])
+def test_whole_step_capture(case, chunks, monkeypatch):
     """tests/ops/test_attn_cuda_graph.py's protocol on this path: forward + backward captured in one graph replays
     bitwise like eager calls (the dK/dV kernel's descriptor scratch is allocated at launch, inside the capture),
-    with two chunks of heads in the larger case; "beside": dQ from dS on the call's stream beside dK/dV on the side
-    stream (FLA_BWD_DQ_OVERLAP_SMS, two dS buffers), which the capture forks and joins, on either dK/dV kernel."""
-    if beside == "hopper" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Hopper dK/dV kernel needs an sm_90 GPU")
-    buffers = 2 if beside else 1
-    monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(buffers * case.B * case.H * (case.HQ // case.H // chunks)
-                                                    * _band_bytes(case) / 2**20))
-    if beside:
-        monkeypatch.setenv("FLA_BWD_DQ_OVERLAP_SMS", "16")
-        monkeypatch.setenv("FLA_BWD_DS_KERNEL", beside)
+    with two chunks of heads in the larger case."""
+    monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * (case.HQ // case.H // chunks) * _band_bytes(case)
+                                                    / 2**20))
     spy = ChunkSpy(monkeypatch)
     with dq_path("from-ds"):
         _capture_replays_like_eager(case)

@@ -83,9 +83,7 @@ def test_out_of_scope_calls_say_why():
     (dict(H=4), (2, 4, True), (2, 4)),  # G8 B2 T2048: two shares balance the Hopper kernel's items
     (dict(H=2), (4, 4, True), (4, 4)),  # G16
     (dict(B=1, T=4096, W=4096, H=4), (2, 4, True), (2, 4)),
-    # two dS buffers of one head of each group fit the default budget, and dQ from dS runs beside dK/dV from
-    # config.DQ_OVERLAP_MIN_T on, config.DQ_OVERLAP_SMS SMs left to it
-    (dict(B=1, T=8192, W=8192, H=4), (1, 1, True, config.DQ_OVERLAP_SMS), (1, 1)),
+    (dict(B=1, T=8192, W=8192, H=4), (1, 2, True), (1, 2)),  # two heads of each group fit the default budget
 ], ids=["mha", "g4", "g8-T2048", "g16", "g8-T4096", "g8-T8192"])
 def test_hopper_dispatch(kw, auto, forced, monkeypatch):
     """Where the kernel can run (faked on here, at 132 SMs): "auto" takes it from `config.HOPPER_DKV_MIN_T` on with
@@ -94,13 +92,11 @@ def test_hopper_dispatch(kw, auto, forced, monkeypatch):
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
-    monkeypatch.delenv("FLA_BWD_DQ_OVERLAP_SMS", raising=False)
     monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None if aligned else "unaligned")
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
     assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*auto)
     with ds_kernel("hopper"):
-        assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*forced, True,
-                                                                                                     *auto[3:])
+        assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*forced, True)
     with ds_kernel("triton"):
         assert not from_ds.five_product_chunk(_shape(**kw), True, "auto", True).hopper
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")

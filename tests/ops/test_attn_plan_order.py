@@ -25,8 +25,6 @@ def _call(B=1, T=256, HQ=8, H=2, D=128, gate=False, sink=False, window=0, cu=Non
 
 
 def _check_order(plan: launch.Plan, inputs: set) -> None:
-    if plan.lanes:
-        _check_lanes(plan, inputs)
     made = set(inputs) | {f"chunks{BT}" for BT in plan.tile_sizes}  # packed tile lists: bound by `host._run`
     pending = []
     for i, step in enumerate(plan.steps):
@@ -34,10 +32,6 @@ def _check_order(plan: launch.Plan, inputs: set) -> None:
             pending.append(step.name)
             made.add(step.name)
             continue
-        if plan.lanes:  # every buffer is allocated first (`_check_lanes`)
-            pending = []
-            if isinstance(step, (launch.Lane, launch.Record, launch.Wait)):
-                continue
         uses = set(step.uses)
         own = {n for n in uses if n.startswith(gluon_dkv._DESC)}  # the Hopper step makes its descriptors
         assert uses - own <= made, f"step {i} ({type(step).__name__}) reads {sorted(uses - own - made)} unmade"
@@ -46,35 +40,8 @@ def _check_order(plan: launch.Plan, inputs: set) -> None:
         pending = []
         if isinstance(step, launch.Apply):
             made.add(step.name)
-    readers = set().union(*(s.uses or () for s in plan.steps))
+    readers = set().union(*(s.uses for s in plan.steps))
     assert not (set(pending) & readers)
-
-
-def _check_lanes(plan: launch.Plan, inputs: set) -> None:
-    """A plan with two streams (`launch.Lane`): every buffer allocated before the first step of either, and every
-    two launches on different streams that use one buffer (not an input) ordered by the plan's events, one before
-    the other, as the GPU would run them (vector clocks: a `Record` copies its stream's clock, a `Wait` takes the
-    larger of each entry); and the plan ends on the call's stream after every launch of the side stream."""
-    kinds = [isinstance(step, launch.Empty) for step in plan.steps]
-    assert kinds == sorted(kinds, reverse=True), "an allocation after a step"
-    lane, clocks, events, launches = 0, [[0, 0], [0, 0]], {}, []
-    for step in plan.steps:
-        if isinstance(step, launch.Lane):
-            lane = int(step.side)
-        elif isinstance(step, launch.Record):
-            events[step.name] = list(clocks[lane])
-        elif isinstance(step, launch.Wait):
-            clocks[lane] = [max(a, b) for a, b in zip(clocks[lane], events[step.name])]
-        elif not isinstance(step, launch.Empty):
-            clocks[lane][lane] += 1
-            buffers = {n for n in step.uses if n not in inputs and not n.startswith(gluon_dkv._DESC)}
-            launches.append((lane, clocks[lane][lane], list(clocks[lane]), buffers))
-    for i, (lane_a, n_a, _, used_a) in enumerate(launches):
-        for lane_b, n_b, clock_b, used_b in launches[i + 1:]:
-            # b is issued after a: on another stream it must have waited for a
-            if lane_a != lane_b and used_a & used_b:
-                assert clock_b[lane_a] >= n_a, f"launches share {sorted(used_a & used_b)} unordered"
-    assert lane == 0 and clocks[0][1] == clocks[1][1], "the call's stream does not wait for the side stream"
 
 
 SEVEN = {
@@ -123,51 +90,6 @@ def test_five_product_plans(name, gated, containment, monkeypatch):
                 assert step.uses >= {"q", "k", "v", "do", "lse", "delta", "ds", "flags", *(["gc"] if gated else [])}
         dq_at = next(i for i, step in enumerate(plan.steps) if getattr(step, "name", None) == "dq")
         assert any(kind.endswith("Launch") for kind in kinds[2:dq_at])  # after a dK/dV launch, which needs no dq
-
-
-BESIDE = {  # (split, chunk, hopper, overlap): G = 4; dQ from dS beside the next chunk's dK/dV
-    "one-head-chunks": (1, 1, False, 16),  # four chunks: the third and fourth reuse the first two's dS buffers
-    "split2": (2, 1, False, 16),
-    "two-head-chunks": (1, 2, False, 16),
-    "hopper": (1, 1, True, 16),
-    "hopper-split2": (2, 1, True, 16),
-}
-
-
-@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-@pytest.mark.parametrize("name", list(BESIDE))
-def test_five_product_plans_beside(name, gated, monkeypatch):
-    """The two streams' plans (`FiveProduct.overlap`): ordered as `_check_lanes` says, the chunks' dS in two
-    buffers by turns, each chunk's dQ on the call's stream; and the check fails without one of the waits."""
-    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
-    call = _call(gate=gated)
-    five = from_ds.FiveProduct(*BESIDE[name])
-    plan = host._build_backward(call.shape, None, None, five)
-    _check_order(plan, BACKWARD_INPUTS)
-    lane, dq_buffers = 0, []
-    for step in plan.steps:
-        lane = int(step.side) if isinstance(step, launch.Lane) else lane
-        if isinstance(step, launch.Launch) and step.kernel is from_ds.parallel_attn_bwd_kernel_dq_from_ds:
-            assert lane == 0
-            dq_buffers.append(step.args["ds"].name)
-    assert dq_buffers == ["ds", "ds_b"] * (len(dq_buffers) // 2), dq_buffers
-    waits = [i for i, step in enumerate(plan.steps) if isinstance(step, launch.Wait)]
-    for i in waits:
-        broken = launch.Plan(plan.device)
-        broken.lanes, broken.tile_sizes = True, plan.tile_sizes
-        broken.steps = plan.steps[:i] + plan.steps[i + 1:]
-        with pytest.raises(AssertionError):
-            _check_lanes(broken, BACKWARD_INPUTS)
-
-
-def test_beside_leaves_sms_after_the_first_chunk():
-    """G8 B1 T8192 (items for every SM): the first chunk's Hopper launch has all 132 SMs (nothing runs beside it),
-    each later one leaves `overlap` of them to the dQ launch beside it."""
-    call = _call(B=1, T=8192, HQ=32, H=4)
-    plan = host._build_backward(call.shape, None, None, from_ds.FiveProduct(1, 2, True, 20))
-    grids = [(step.launch.args["G0"], step.launch.grid[0]) for step in plan.steps
-             if isinstance(step, gluon_dkv.HopperDkvLaunch)]
-    assert grids == [(0, 132), (2, 112), (4, 112), (6, 112)], grids
 
 
 def test_allocate_late_keeps_order_and_respects_unknown_steps():

@@ -64,11 +64,6 @@ HOPPER_DKV_MIN_T = 2048
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096) (#42q).
 FIVE_PRODUCT_SPLITS = (1, 4, 2)
-# "auto" runs dQ from dS of chunk c beside the dK/dV launch of chunk c + 1 (two dS buffers, `from_ds.overlap_sms`)
-# from this length on, with the Hopper kernel, whose persistent grid leaves DQ_OVERLAP_SMS SMs free for it: the
-# memory-bound dQ then hides under the compute-bound dK/dV (PERF.md #68).
-DQ_OVERLAP_MIN_T = 8192
-DQ_OVERLAP_SMS = 16
 # The five-product backward's dK/dV launches run two query heads of each group (unrolled) below this length, one from
 # it on: the second head saves an fp32 dK/dV round trip, which paid at T = 2048 and not at T = 8192 (#42j).
 DS_TWO_HEADS_BELOW_T = 4096

@@ -391,13 +391,10 @@ class FiveProduct(NamedTuple):
     """How a five-product backward runs: each group's query heads dealt to `split` programs a key tile (shares of
     G / split heads, as `config.gqa_split` deals them for the seven-product kernel), `chunk` heads of every
     share whose dS tiles are stored at once (the budget's unit, `ds_chunk`), and whether the Hopper kernel
-    (`gluon_dkv`, one launch a chunk) or the Triton kernel (one or two heads a launch) computes dK/dV and dS; with
-    `overlap`, two dS buffers of a chunk each, and chunk c's dQ from dS runs beside chunk c + 1's dK/dV
-    (`overlap_sms`)."""
+    (`gluon_dkv`, one launch a chunk) or the Triton kernel (one or two heads a launch) computes dK/dV and dS."""
     split: int
     chunk: int
     hopper: bool = False
-    overlap: int = 0  # SMs the dK/dV launches after the first leave to dQ from dS beside them; 0: one after the other
 
 
 def _hopper(s, aligned: bool) -> bool:
@@ -425,48 +422,18 @@ def band_bytes(T: int, W: int, D: int, gated: bool) -> int:
 
 @functools.lru_cache(maxsize=256)
 def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int, split: int = 1,
-             gated: bool = False, buffers: int = 1) -> Optional[int]:
+             gated: bool = False) -> Optional[int]:
     """Query heads of each share (G / split heads) per chunk: the largest divisor of the share whose scratch
-    (`buffers` times B * H * split * chunk bands, `band_bytes`) fits in `budget` bytes, or None if one head of every
-    share does not fit (then the seven-product backward runs). Two buffers (`overlap_sms`) take a proper divisor:
-    two chunks at least."""
+    (B * H * split * chunk bands, `band_bytes`) fits in `budget` bytes, or None if one head of every share does not
+    fit (then the seven-product backward runs)."""
     cfg = tile_config("dkv", D)
     rows = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"]  # a band's rows in the dK/dV kernel's descriptor view
-    band = band_bytes(T, W, D, gated) * buffers
+    band = band_bytes(T, W, D, gated)
     bands = B * H * split
-    for chunk in range(G // split // buffers, 0, -1):
+    for chunk in range(G // split, 0, -1):
         if (G // split) % chunk == 0 and bands * chunk * band <= budget and bands * chunk * rows < 2**31:
             return chunk
     return None
-
-
-def overlap_sms(s, hopper: bool) -> int:
-    """The SMs the dK/dV launches of a five-product backward of Shape s leave to the dQ-from-dS launches beside them
-    (0: none beside): FLA_BWD_DQ_OVERLAP_SMS, else `config.DQ_OVERLAP_SMS` on the Hopper kernel from
-    `config.DQ_OVERLAP_MIN_T` on (its persistent grid is what leaves SMs free; the Triton kernel's grid fills
-    them)."""
-    forced = settings.forced_dq_overlap()
-    if forced is not None:
-        return forced
-    return config.DQ_OVERLAP_SMS if hopper and s.T >= config.DQ_OVERLAP_MIN_T else 0
-
-
-def _chunked(s, split: int, hopper: bool, budget: int, forced: bool) -> Optional[FiveProduct]:
-    """The `FiveProduct` of a call at this split, or None where one head of every share does not fit the budget.
-    With `overlap_sms`, two dS buffers in the budget where two chunks fit, else one after the other; where an
-    overlap is forced (FLA_BWD_DQ_OVERLAP_SMS) and `forced` (the five-product path was asked for) that raises."""
-    G, D, gated = s.HQ // s.H, max(s.K, s.V), s.g_dtype is not None
-    overlap = overlap_sms(s, hopper) if s.T else 0  # no dS: nothing beside
-    if overlap:
-        chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, gated, buffers=2)
-        if chunk is not None:
-            return FiveProduct(split, chunk, hopper, overlap)
-        if forced and settings.forced_dq_overlap():
-            raise ValueError(f"FLA_BWD_DQ_OVERLAP_SMS = {overlap}: dQ from dS beside dK/dV needs two chunks of at "
-                             f"least one query head of every KV head's share ({G // split} heads) and two dS buffers "
-                             f"within FLA_BWD_DS_BUDGET_MIB = {budget / 2**20:g} MiB")
-    chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, gated)
-    return None if chunk is None else FiveProduct(split, chunk, hopper)
 
 
 def _busy_splits(s):
@@ -491,10 +458,16 @@ def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
     if s.g_dtype is not None and not hopper:
         return None  # the gated Triton dK/dV kernel lost: gqa4-long-gated 801 against seven's 650 us (PERF.md #47)
     budget = settings.ds_budget_bytes()
+    G = s.HQ // s.H
     if hopper:
-        return _chunked(s, gluon_dkv.split_for(s.B, s.T, s.H, s.HQ // s.H, config.sm_count(s.device)), True, budget,
-                        False)
-    return next(filter(None, (_chunked(s, split, False, budget, False) for split in _busy_splits(s))), None)
+        split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
+        chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, s.g_dtype is not None)
+        return None if chunk is None else FiveProduct(split, chunk, True)
+    for split in _busy_splits(s):
+        chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, s.g_dtype is not None)
+        if chunk is not None:
+            return FiveProduct(split, chunk)
+    return None
 
 
 def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
@@ -537,8 +510,8 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
     if hopper and forced_dkv == "auto":
         split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
     budget = settings.ds_budget_bytes()
-    five = _chunked(s, split, hopper, budget, True)
-    if five is None:
+    chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, s.g_dtype is not None)
+    if chunk is None:
         raise ValueError(f"dq path 'from-ds': one query head of every KV head's share needs more dS scratch than "
                          f"FLA_BWD_DS_BUDGET_MIB = {budget / 2**20:g} MiB allows")
     # Last: the forward's `needs_exact_o` swallows the reasons above, so they must reach the backward first.
@@ -546,7 +519,7 @@ def five_product_chunk(s, dense: bool, forced_dkv: str, aligned: bool,
         raise ValueError("dq path 'from-ds' with a gate needs o's rounding residual from the forward, which it makes "
                          "only in eager calls (not under torch.compile) where FLA_BWD_DQ_PATH was already 'from-ds' "
                          "at the forward")
-    return five
+    return FiveProduct(split, chunk, hopper)
 
 
 def add_gate_grad_by_band(plan, dgk_part: Ref, dgc_q: Ref, dg: Ref, s, heads_of: dict) -> None:
@@ -560,19 +533,14 @@ def add_gate_grad_by_band(plan, dgk_part: Ref, dgc_q: Ref, dg: Ref, s, heads_of:
 
 
 def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> None:
-    """Add delta, then per chunk its dK/dV launches (`add_dkv_launch(plan, s, out, SPLIT, hopper, free_sms, **launch
-    args)`: host.py's, which adds the buffers and containment; one or two query heads of each share a launch,
-    `config`, or with the Hopper kernel the whole chunk) and the
+    """Add delta, then per chunk its dK/dV launches (`add_dkv_launch(plan, s, out, SPLIT, hopper, **launch args)`:
+    host.py's, which adds the buffers and containment; one or two query heads of each share a launch, `config`, or
+    with the Hopper kernel the whole chunk) and the
     dQ-from-dS launch, to `plan`; with a split, the shares' fp32 dK/dV partials summed last (`add_group_sum`).
     Buffers: "dq", "delta", "ds" (the chunk's tiles, reused by every chunk), and two fp32 dK/dV sum buffers when
-    there are several launches (ping-pong: a FIXUP launch re-reads the sums its FLAG launch started from).
-    With `five.overlap`, the dK/dV launches run on the side stream (`launch.Lane`) and each chunk's dQ from dS on
-    the call's stream once that chunk's dS is stored, beside the next chunk's dK/dV, which leaves it `overlap` SMs;
-    the chunks take turns in two dS buffers, "ds" and "ds_b", so a chunk's dK/dV waits for the dQ of the chunk two
-    before it, and the plan ends on the call's stream. Every kernel and every sum runs as in one stream: the
-    results are the same bits."""
+    there are several launches (ping-pong: a FIXUP launch re-reads the sums its FLAG launch started from)."""
     G = s.HQ // s.H
-    split, chunk, hopper, overlap = five
+    split, chunk, hopper = five
     cfg = tile_config("dkv", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
     NTOK = s.B * s.T
@@ -588,7 +556,7 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     ntile = ds_layout(s.T, s.W, BQ, BT)
     NP = s.H * split  # programs a key tile
     bands = s.B * NP * chunk
-    ds_buffers = [plan.empty(name, (bands * ntile * BT * BQ,), s.dtype) for name in ("ds", "ds_b")[:1 + bool(overlap)]]
+    ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
     # The gate's gradient: dQ from dS stores its query side, and partial sums of its key side, which
     # `key_side_kernel` adds up, then the reverse scan; or, short calls, `gate_grad_of_band_kernel` both at once
     # (all from the stored tiles; the dK/dV kernels compute no gate gradient here).
@@ -612,26 +580,13 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
     # (dk, dv) fp32 sum pairs: launch n writes pair n % 2 and the next launch reads it.
     sums = [fp32_pair(f"sum{i}") for i in range(min(launches - 1, 2))]
     last_out = fp32_pair("part") if split > 1 else None  # scaled partials, or None: "dk", "dv" in the inputs' dtype
-    if overlap:
-        plan.record("delta")
-        plan.lane(side=True)
-        plan.wait("delta")
     for n in range(launches):
         last = n == launches - 1
-        c = n * heads // chunk  # the chunk of this launch
-        ds = ds_buffers[c % len(ds_buffers)]
-        if overlap and n * heads % chunk == 0 and c >= 2:
-            plan.wait(f"dq{c - 2}")  # its dS buffer's last reader
         dk_in, dv_in = sums[(n - 1) % 2] if n > 0 else (None, None)
-        add_dkv_launch(plan, s, last_out if last else sums[n % 2], split, hopper, overlap if c else 0, ds=ds,
-                       NTILE=ntile, G0=n * heads, CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in,
-                       ACC_OUT=not last)
+        add_dkv_launch(plan, s, last_out if last else sums[n % 2], split, hopper, ds=ds, NTILE=ntile, G0=n * heads,
+                       CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
         done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
         if done % chunk == 0 and s.T:  # a whole chunk: its dq rows (and the key side of its dgc)
-            if overlap:
-                plan.record(f"ds{c}")
-                plan.lane(side=False)
-                plan.wait(f"ds{c}")
             heads_of = dict(T=s.T, W=s.W, G0=done - chunk, H=s.H, G=G, SPLIT=split, CHUNK=chunk, BT=BT, BQ=BQ,
                             NUM_BANDS=bands)
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
@@ -643,9 +598,6 @@ def add_five_product_backward(plan, s, five: FiveProduct, add_dkv_launch) -> Non
                 keys = max(BT, 256)  # a program's keys: whole key tiles; 1024 gave 2 programs a band, 9.8 us (#52)
                 plan.launch(key_side_kernel, (cdiv(s.T, keys), bands), dgk_part=dgk_part, dgc_k=dgc_k, BR=keys, BP=16,
                             **heads_of, num_warps=4)
-            if overlap and not last:  # the last chunk's wait for its dS took every dK/dV launch
-                plan.record(f"dq{c}")
-                plan.lane(side=True)
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
     if gated and not by_band:

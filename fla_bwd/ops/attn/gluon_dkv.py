@@ -332,9 +332,8 @@ class HopperDkvLaunch:
     `cuTensorMapEncodeTiled`) is kept by the input's address, which is all that differs between calls of a plan,
     and made again only for an address not seen before (PERF.md #56)."""
 
-    def __init__(self, s, split: int, chunk: int, G0: int, ntile: int, args: dict, free_sms: int = 0):
-        # `free_sms`: SMs left to the launches beside this one (`from_ds.overlap_sms`)
-        programs = programs_for(s.B, s.T, s.H, split, max(1, config.sm_count(s.device) - free_sms))
+    def __init__(self, s, split: int, chunk: int, G0: int, ntile: int, args: dict):
+        programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
         sched, L = schedule(s.B, s.T, s.H, split, programs, s.device)
         acc_in = args["dk_in"] is not None
         gated = args["gc"] is not None
@@ -345,12 +344,11 @@ class HopperDkvLaunch:
                  ("lse", (-1,), [BQ], ROW_SMEM), ("delta", (-1,), [BQ], ROW_SMEM), ("ds", (-1, BQ), [BQ, BQ], DS_TILE))
         if gated:
             table += (("gc", (-1,), [BQ], ROW_SMEM),)
-        # (descriptor's env name, input's env name, view, block, layout): `_descriptors`, per call; a descriptor is
-        # named after its input, so that launches over different dS buffers of one call keep theirs apart
-        self.views = tuple((_DESC + args[name].name, args[name].name, view, block, layout.value)
+        # (descriptor's env name, input's env name, view, block, layout): `_descriptors`, per call
+        self.views = tuple((_DESC + name, args[name].name, view, block, layout.value)
                            for name, view, block, layout in table)
         self.launch = Launch(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
-            **{f"{name}_desc": Ref(_DESC + args[name].name) for name, *_ in table}, gc=args["gc"],
+            **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, gc=args["gc"],
             dk=args["dk"], dv=args["dv"],
             dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
             nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
@@ -362,25 +360,23 @@ class HopperDkvLaunch:
         self.memo = None  # after the first launch: `_memoized`'s tuple, or False where Triton does not allow it
 
     def _descriptors(self, env: dict) -> None:
-        """This launch's descriptors that no earlier launch of the call made."""
         if self.templates is None:  # first call: Gluon's validating constructor (TMA alignment, strides, block)
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-            for desc, name, view, block, layout in self.views:
-                if desc not in env:
-                    env[desc] = TensorDescriptor.from_tensor(env[name].view(view), block, layout)
-            self.templates = tuple((desc, name, _rebased(env[desc], None)) for desc, name, *_ in self.views)
+            made = [(desc, name, TensorDescriptor.from_tensor(env[name].view(view), block, layout))
+                    for desc, name, view, block, layout in self.views]
+            self.templates = tuple((desc, name, _rebased(d, None)) for desc, name, d in made)  # hold no tensor
+            env.update((desc, d) for desc, _, d in made)
             return
         for desc, name, template in self.templates:  # the plan's key fixes all but the base (#42y)
-            if desc not in env:
-                env[desc] = _rebased(template, env[name])
+            env[desc] = _rebased(template, env[name])
 
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
         memo = self.memo
         if memo and stream is not None:
             self._launch_memoized(memo, env, stream)
             return
-        if any(desc not in env for desc, *_ in self.views):
+        if _DESC + "q" not in env:
             self._descriptors(env)
         self.launch(env, device, stream)
         if memo is None and self.launch.direct is not None:

@@ -255,14 +255,12 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
         add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, out_dtype)
 
 
-def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper: bool, free_sms: int,
-                  **five) -> None:
+def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper: bool, **five) -> None:
     """One chunk's dK/dV launch of the five-product backward (`from_ds.add_five_product_backward`): the
     KV-head-owned kernel with the dS store, `split` programs a key tile; `out` its fp32 buffers `[B, T, H * split,
     *]`, or None for the last launch of an unsplit call ("dk", "dv" in the inputs' dtype). `hopper`: the Gluon
     kernel (`gluon_dkv`) computes the chunk as the FLAG launch of two-launch containment, and the Triton kernel's
-    FIXUP launch recomputes the tiles it flagged; `free_sms`: SMs its persistent grid leaves to the launches beside
-    it (the Triton kernel's grid takes every SM it can)."""
+    FIXUP launch recomputes the tiles it flagged."""
     dk, dv = out if out is not None else (plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype),
                                           plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype))
     _, NT, args = _common(plan, s, None, "dkv")
@@ -280,7 +278,7 @@ def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper
     plan.add(HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
         q=Ref("q"), k=Ref("k"), v=Ref("v"), do=Ref("do"), lse=Ref("lse"), delta=Ref("delta"), ds=five["ds"], dk=dk,
         dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"],
-        gc=args["g_cumsum"]), free_sms))
+        gc=args["g_cumsum"])))
     plan.launch(parallel_attn_bwd_kernel_dkv_per_kv_head, (programs,), nonfinite=Ref("flags"), CONTAIN=FIXUP.value,
                 **args)
 
@@ -322,7 +320,7 @@ def _dispatch_settings() -> tuple:
     they key a plan whose building ran the dispatch, so that a kind of call seen before skips it (PERF.md #62).
     `config`'s tables are not in it: `clear_plans` after changing them."""
     return (settings.forced_dkv_path(), settings.forced_containment(), settings.forced_dq_path(),
-            settings.forced_ds_kernel(), settings.ds_budget_bytes(), settings.forced_dq_overlap())
+            settings.forced_ds_kernel(), settings.ds_budget_bytes())
 
 
 def _build_gated_forward(call: Call) -> Plan:

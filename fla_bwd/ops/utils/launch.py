@@ -94,37 +94,6 @@ class Apply(NamedTuple):
         env[self.name] = self.fn(*[env[r] for r in self.refs])
 
 
-class Lane(NamedTuple):
-    """Step: the steps after it run on the device's side stream (`side`, `side_stream`) or on the call's stream. Only
-    `Wait` orders the two: a lane waits for nothing when it is entered."""
-    side: bool
-    uses = None  # every allocation before it (`Plan.allocate_late`)
-
-
-class Record(NamedTuple):
-    """Step: record event `name` on the current lane, after every step before it there."""
-    name: str
-    uses = ()
-
-
-class Wait(NamedTuple):
-    """Step: the current lane waits for event `name` (a `Record` before it) before the steps after it."""
-    name: str
-    uses = ()
-
-
-_SIDE_STREAMS: dict = {}  # device index -> its side stream
-
-
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The side stream of a CUDA device, made once: the highest priority, so that a launch there takes the SMs that
-    come free before one waiting on the call's stream (the caller leaves SMs free for that one, `from_ds`)."""
-    stream = _SIDE_STREAMS.get(device.index)
-    if stream is None:
-        stream = _SIDE_STREAMS[device.index] = torch.cuda.Stream(device=device, priority=-100)
-    return stream
-
-
 class Launch:
     """Step: one launch of `kernel` over `grid` with `args` (every parameter by keyword; `Ref`s bound at run
     time). Parameters the heuristics wrapper computes are left out: they are constexprs, which the C launcher
@@ -248,7 +217,6 @@ class Plan:
     def __init__(self, device: torch.device):
         self.device = device
         self.steps: list = []
-        self.lanes = False  # whether a `Lane` step runs some steps on the side stream (`run_lanes`)
 
     def empty(self, name: Optional[str], shape: Sequence[int], dtype: torch.dtype) -> Ref:
         """A buffer of the call, named `name` (None: a name of its own, for scratch nobody reads back)."""
@@ -265,17 +233,6 @@ class Plan:
         its `uses`, if it has one, names every env entry it reads (else it counts as reading them all)."""
         self.steps.append(step)
 
-    def lane(self, side: bool) -> None:
-        """Run the steps added next on the side stream (`side`) or on the call's stream (`Lane`)."""
-        self.lanes = True
-        self.steps.append(Lane(side))
-
-    def record(self, name: str) -> None:
-        self.steps.append(Record(name))
-
-    def wait(self, name: str) -> None:
-        self.steps.append(Wait(name))
-
     def launch(self, kernel, grid: Sequence[int], scratch: bool = False, **args) -> None:
         """Add a launch; `scratch`: the kernel makes tensor descriptors (`ScratchLaunch`)."""
         self.steps.append((ScratchLaunch if scratch else Launch)(kernel, grid, args))
@@ -283,14 +240,7 @@ class Plan:
     def allocate_late(self) -> None:
         """Move each allocation to just before the first step that reads it (its `uses`), keeping their order: the
         GPU waits for a call's first launches, so a launch is not held back by buffers only later ones need. A step
-        without `uses` keeps every allocation before it; one that no step reads goes last. A plan with lanes
-        allocates everything before its first step: each buffer on the call's stream, before the side stream's
-        first `Wait` on it (a side-stream allocation freed by the caller would return to the side stream's pool while
-        the call's stream may still use it)."""
-        if self.lanes:
-            self.steps = [e for e in self.steps if isinstance(e, Empty)] + [
-                e for e in self.steps if not isinstance(e, Empty)]
-            return
+        without `uses` keeps every allocation before it; one that no step reads goes last."""
         steps, pending = [], []
         for step in self.steps:
             if isinstance(step, Empty):
@@ -310,41 +260,8 @@ class Plan:
         every buffer the plan made."""
         device = self.device
         stream = _direct_stream(device)
-        if self.lanes:
-            return self.run_lanes(env, stream)
         for step in self.steps:
             step(env, device, stream)
-        return env
-
-    def run_lanes(self, env: dict, direct: Optional[int]) -> dict:
-        """`run` for a plan with lanes: `Lane`, `Record` and `Wait` steps switch and order the streams (on a CUDA
-        device; elsewhere every step runs in order). `direct`: the call's raw stream for direct launches, or None.
-        The side lane's steps run with the side stream current too: Triton's own launch path (a first call's, or
-        every call's where `direct` is None) launches on torch's current stream."""
-        device = self.device
-        if device.type != "cuda":
-            for step in self.steps:
-                if not isinstance(step, (Lane, Record, Wait)):
-                    step(env, device, direct)
-            return env
-        main = torch.cuda.current_stream(device)
-        side = side_stream(device)
-        current, raw, events = main, direct, {}
-        with contextlib.ExitStack() as contexts:
-            for step in self.steps:
-                if isinstance(step, Lane):
-                    current = side if step.side else main
-                    if direct is not None:
-                        raw = current.cuda_stream
-                    contexts.close()
-                    if step.side:
-                        contexts.enter_context(torch.cuda.stream(side))
-                elif isinstance(step, Record):
-                    events[step.name] = current.record_event()
-                elif isinstance(step, Wait):
-                    current.wait_event(events[step.name])
-                else:
-                    step(env, device, raw)
         return env
 
 
