@@ -1,9 +1,11 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """Where the backward's event time goes beyond its kernels: a profiler timeline of g8-T8192 backwards, L2 flushed."""
 import sys
+
 import torch
-from benchmarks.tools.five_ab import SHAPES, _inputs, _Env
+
 from benchmarks.ops.timing import Timer
+from benchmarks.tools.five_ab import SHAPES, _Env, _inputs
 from fla_bwd.ops.attn import parallel_attn
 
 name = sys.argv[1] if len(sys.argv) > 1 else "g8-T8192"
@@ -20,7 +22,8 @@ with _Env(cand):
     torch.cuda.synchronize()
     ev = timer.block(bwd, 10)
     print("events us", [round(x) for x in ev], "host us", [round(x) for x in timer.host_us])
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
         for _ in range(5):
             timer.flush()
             bwd()
