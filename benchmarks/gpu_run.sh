@@ -19,6 +19,7 @@
 #     summary[-partK].json  summary[-partK].md  peer_ratios[-partK].png  logs/{run[-partK],prewarm[-partK],report,pip,env,plan}.log
 # and prints the backward-alone table last. Finishes in about BENCH_TOTAL_S seconds at most (default 540 for a
 # part, 450 unsplit). Knobs (environment): PART, PARTS, GATE (auto|run|defer), GATE_STAMP, GATE_WORKERS,
+# BASELINE (an earlier commit's package dir, default .baseline/fla_bwd_12ac0d6 where carried; empty: none),
 # BENCH_COMMIT, BENCH_TOTAL_S, GATE_TIMEOUT_S, ITERS, REPEATS, PEERS, SHAPES, OVERHEAD_SHAPES, PREWARM (1: fill
 # Triton's cache for the part's shapes first, benchmarks/tools/prewarm.py; 0: not), PREWARM_WORKERS, PREWARM_TIMEOUT_S.
 set -uo pipefail
@@ -55,6 +56,15 @@ SHAPES=${SHAPES:-all}
 # bars name or that sits at the host/GPU line on the H200's host (its eager median then carries host time).
 HOST_LINE_ROWS=mha-short,gqa4-short,mha-long,mha-long-fp16,gqa4-long,gqa4-long-gated,g2-T2048-D128,g8-T2048-D128
 HOST_LINE_ROWS+=,ctl-g16-T2048,ctl-K128-V64-g8-T2048,g8-T2048-D64
+# An earlier commit's package timed beside ours on every row (backward alone), written by
+# benchmarks/tools/make_baseline.py and carried as .baseline/: issue 18's bar against the record at 12ac0d6.
+BASELINE=${BASELINE-.baseline/fla_bwd_12ac0d6}
+BASELINE_ARGS=()
+if [ -n "$BASELINE" ] && [ -d "$BASELINE" ]; then
+  BASELINE_ARGS=(--baseline "$BASELINE")
+  # its shorter rows compare whole-step graph kernel times: every T <= 2048 dense row gets one
+  HOST_LINE_ROWS+=,mha-short-fp16,g2-T2048-D64,g4-T2048-D64,ctl-mha-T2048
+fi
 if [ "$SHAPES" = all ] || [ -n "$PART" ]; then OVERHEAD_SHAPES=${OVERHEAD_SHAPES-$HOST_LINE_ROWS}; else OVERHEAD_SHAPES=${OVERHEAD_SHAPES-}; fi
 OVERHEAD_ARGS=()
 [ -n "$OVERHEAD_SHAPES" ] && OVERHEAD_ARGS=(--overhead "$OVERHEAD_SHAPES")
@@ -101,6 +111,11 @@ unset TRITON_INTERPRET FLA_BWD_DKV_PATH
   $PY -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tail -n 2 || true
 } > "$OUT/logs/env.log" 2>&1
 say "$(grep -m1 '^torch' "$OUT/logs/env.log")"
+if [ ${#BASELINE_ARGS[@]} -gt 0 ]; then
+  say "baseline $BASELINE: commit $(cat "$BASELINE/BASELINE_COMMIT" 2>/dev/null || echo '(no BASELINE_COMMIT)')"
+elif [ -n "$BASELINE" ]; then
+  say "no $BASELINE carried: no baseline column (write it with benchmarks/tools/make_baseline.py, carry .baseline)"
+fi
 if [ -n "$PART" ]; then
   $PY -m benchmarks.ops.plan --parts "$PARTS" > "$OUT/logs/plan.log" 2>&1 || true
   say "part $PART of $PARTS (gate: $GATE): $(grep "^part $PART/" "$OUT/logs/plan.log")"
@@ -112,6 +127,7 @@ if [ "$PREWARM" = 1 ]; then
   WARM_PART=()
   [ -n "$PART" ] && WARM_PART=(--part "$PART/$PARTS")
   timeout -s TERM -k 10 "$PREWARM_TIMEOUT" $PY -m benchmarks.tools.prewarm --shapes "$SHAPES" ${WARM_PART[@]+"${WARM_PART[@]}"} \
+    ${BASELINE_ARGS[@]+"${BASELINE_ARGS[@]}"} \
     --workers "$PREWARM_WORKERS" > "$OUT/logs/prewarm$TAG.log" 2>&1
   say "prewarm exit code $? (0 ok, 1 a task failed, 124 stopped): $(tail -n 1 "$OUT/logs/prewarm$TAG.log")"
 fi
@@ -125,7 +141,8 @@ JSON="$OUT/summary$TAG.json"
 say "running the benchmark${PART:+ part $PART/$PARTS} (gate: $GATE): budget ${BUDGET}s, hard stop ${LEFT}s"
 timeout -s TERM -k 20 "$LEFT" $PY -u -m benchmarks.ops.run --op parallel_attn --shapes "$SHAPES" --ab \
   --peers "$PEERS" --repeats "$REPEATS" --iters "$ITERS" --fa3-calls 30 --gate-timeout "$GATE_TIMEOUT" \
-  --budget-s "$BUDGET" "${PART_ARGS[@]}" ${OVERHEAD_ARGS[@]+"${OVERHEAD_ARGS[@]}"} --json "$JSON" 2>&1 \
+  --budget-s "$BUDGET" "${PART_ARGS[@]}" ${OVERHEAD_ARGS[@]+"${OVERHEAD_ARGS[@]}"} \
+  ${BASELINE_ARGS[@]+"${BASELINE_ARGS[@]}"} --json "$JSON" 2>&1 \
   | tee "$OUT/logs/run$TAG.log"
 RC=${PIPESTATUS[0]}
 say "runner exit code $RC (0 ok, 2 usage, 3 gate red, 4 an op error, 124/130 stopped)"

@@ -9,6 +9,8 @@ A context factory (e.g. `lambda: dkv_path("legacy")`) wraps the forward and ever
 """
 
 import contextlib
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -22,7 +24,7 @@ class Candidate:
     leaves: list
     do: torch.Tensor
     ctx: Callable = contextlib.nullcontext
-    kind: str = "torch"  # "ours" or "torch" (peers); FA3 is timed apart
+    kind: str = "torch"  # "ours", "baseline" (an earlier commit's package) or "torch" (peers); FA3 is timed apart
     state: dict = field(default_factory=dict)
 
     def build(self, mode: str) -> Callable[[], object]:
@@ -68,6 +70,28 @@ def ours(op_fn, call, inputs: dict, shape, do, path: Optional[str]) -> Candidate
     name = "fla_bwd" if path in (None, "auto") else f"fla_bwd[{path}]"
     return Candidate(name=name, forward=lambda: call(op_fn, inputs, shape), leaves=leaves, do=do, ctx=ctx,
                      kind="ours")
+
+
+def load_baseline(path: str):
+    """(label, parallel_attn) of an earlier commit's package written by `benchmarks/tools/make_baseline.py`."""
+    import importlib
+
+    path = os.path.abspath(path)
+    stamp = os.path.join(path, "BASELINE_COMMIT")
+    if not os.path.isfile(stamp):
+        raise ValueError(f"--baseline: {path} has no BASELINE_COMMIT (write it with benchmarks/tools/make_baseline.py)")
+    with open(stamp) as f:
+        commit = f.read().strip()
+    parent, name = os.path.split(path)
+    if parent not in sys.path:
+        sys.path.insert(0, parent)
+    return f"fla_bwd@{commit[:7]}", importlib.import_module(f"{name}.ops.attn").parallel_attn
+
+
+def baseline(label: str, fn, call, inputs: dict, shape, do) -> Candidate:
+    """The earlier commit's op on the same inputs, timed interleaved as a peer (its default dispatch)."""
+    leaves = [t for t in (inputs.get("q"), inputs.get("k"), inputs.get("v"), inputs.get("g")) if t is not None]
+    return Candidate(name=label, forward=lambda: call(fn, inputs, shape), leaves=leaves, do=do, kind="baseline")
 
 
 def one_line(e: BaseException, limit: int = 200) -> str:

@@ -13,6 +13,9 @@ from .timing import geomean
 OURS, LEGACY = "fla_bwd", "fla_bwd[legacy]"
 GATED_TWINS = (("g8-T8192-gated", "g8-T8192"), ("gqa4-long-gated", "gqa4-long"))
 GATED_LIMIT = 1.15
+BASELINE_PREFIX = "fla_bwd@"  # an earlier commit's package (`candidates.load_baseline`)
+BASELINE_LONG_US = 400.0  # issue 18: rows this long compare eager medians, within BASELINE_SLACK
+BASELINE_SLACK = 1.02
 
 # Row kinds, derived from the shape alone (first rule that applies), in the answer table's column order.
 SHORT_T = 512
@@ -84,10 +87,10 @@ def aggregate(records, modes) -> dict:
 
 
 def checks(records, modes) -> list:
-    """The gated/ungated checks: per twin and mode, our median's ratio (the check of record), and where both rows
-    measured host overhead (`--overhead`), the same ratio of their whole-step CUDA-graph kernel times, labelled
-    "graph kernels": at T = 2048 the eager medians sit at the host/GPU line (PERF.md #46), so that line says what
-    the kernels alone cost."""
+    """The gated/ungated checks, then `baseline_checks`: per twin and mode, our median's ratio (the check of
+    record), and where both rows measured host overhead (`--overhead`), the same ratio of their whole-step CUDA-graph
+    kernel times, labelled "graph kernels": at T = 2048 the eager medians sit at the host/GPU line (PERF.md #46), so
+    that line says what the kernels alone cost."""
     by = {r["shape"]["name"]: r for r in records}
     out = []
     for gated, plain in GATED_TWINS:
@@ -104,6 +107,30 @@ def checks(records, modes) -> list:
                 ratios.append((", graph kernels", graph_a / graph_b))
             out += [{"check": f"gated/ungated {gated} vs {plain}{label} ({mode})", "ratio": r, "limit": GATED_LIMIT,
                      "pass": r <= GATED_LIMIT} for label, r in ratios]
+    return out + (baseline_checks(records) if "bwd" in modes else [])
+
+
+def baseline_checks(records) -> list:
+    """Issue 18's bar against an earlier commit timed in the same run (`--baseline`, a candidate `fla_bwd@COMMIT`):
+    a row whose baseline backward takes BASELINE_LONG_US or more may be at most BASELINE_SLACK slower by eager
+    medians; a shorter one no slower by whole-step CUDA-graph kernel time, or by eager medians where either graph
+    figure is missing (stricter wherever our host path is the faster one)."""
+    out = []
+    for r in records:
+        c = r.get("modes", {}).get("bwd", {}).get("candidates", {})
+        if OURS not in c:
+            continue
+        for name in (n for n in c if n.startswith(BASELINE_PREFIX)):
+            ours, base, row = c[OURS], c[name], r["shape"]["name"]
+            graphs = [x.get("overhead", {}).get(GRAPH_KEY["bwd"]) for x in (ours, base)]
+            if base["median_us"] >= BASELINE_LONG_US:
+                label, ratio, limit = "", ours["median_us"] / base["median_us"], BASELINE_SLACK
+            elif all(graphs):
+                label, ratio, limit = ", graph kernels", graphs[0] / graphs[1], 1.0
+            else:
+                label, ratio, limit = ", eager (no graph figure)", ours["median_us"] / base["median_us"], 1.0
+            out.append({"check": f"{row} {OURS}/{name}{label} (bwd)", "ratio": ratio, "limit": limit,
+                        "pass": ratio <= limit})
     return out
 
 

@@ -5,9 +5,10 @@
 The runner compiles every new Triton specialisation on a row's first call, one after another in one process; on
 the H200's host that is most of a benchmark part's time. Each task here is one (shape, dK/dV path) pair: one
 forward and one backward of `parallel_attn` under `dkv_path(path)`, the paths the runner's A/B times ("auto" and
-"legacy"). Nothing is timed or checked: the cache (TRITON_CACHE_DIR, pinned to Triton's default where unset, as the
-runner pins it: `runinfo.pin_triton_cache_dir`) is the only product, and the runner started afterwards on the same
-machine finds every kernel compiled. Peers are not warmed.
+"legacy"), and with --baseline an earlier commit's package as the runner times it (path "baseline"). Nothing is
+timed or checked: the cache (TRITON_CACHE_DIR, pinned to Triton's default where unset, as the runner pins it:
+`runinfo.pin_triton_cache_dir`) is the only product, and the runner started afterwards on the same machine finds
+every kernel compiled. Peers are not warmed.
 
     python -m benchmarks.tools.prewarm [--shapes all|NAME,...] [--part K/N] [--workers 12] [--paths auto,legacy]
     TRITON_INTERPRET=1 python -m benchmarks.tools.prewarm --shapes smoke --workers 2 --device cpu   # self-test
@@ -24,20 +25,25 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def _warm(task):
-    """One task in a worker: (shape name, path, device) -> (shape name, path, seconds, error or None)."""
-    name, path, device = task
+    """One task in a worker: (shape name, path, device, baseline dir) -> (shape name, path, seconds, error)."""
+    name, path, device, baseline = task
     t0 = time.time()
     try:
+        import contextlib
+
         import torch
 
+        from benchmarks.ops.candidates import load_baseline
         from benchmarks.ops.registry import get_op, get_shape, make_inputs
         from fla_bwd.ops.attn import dkv_path
 
         op, shape = get_op("parallel_attn"), get_shape(name)
         inputs = make_inputs(op, shape, torch.device(device))
         leaves = [t for t in (inputs.get("q"), inputs.get("k"), inputs.get("v"), inputs.get("g")) if t is not None]
-        with dkv_path(path):
-            o = op.call(op.load(), inputs, shape)
+        fn, ctx = (load_baseline(baseline)[1], contextlib.nullcontext()) if path == "baseline" else (op.load(),
+                                                                                                   dkv_path(path))
+        with ctx:
+            o = op.call(fn, inputs, shape)
             torch.autograd.grad(o, leaves, torch.randn_like(o))
         if device == "cuda":
             torch.cuda.synchronize()
@@ -52,6 +58,8 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="all", help="registry names, comma-separated, or 'all'")
     p.add_argument("--part", default=None, help="K/N: only part K of N of that selection, as the runner's --part")
     p.add_argument("--paths", default="auto,legacy", help="dkv_path values to warm, comma-separated")
+    p.add_argument("--baseline", default=None, metavar="DIR",
+                   help="also warm an earlier commit's package (the runner's --baseline): a task path 'baseline'")
     p.add_argument("--workers", type=int, default=12, help="worker processes (each compiles on one CPU core)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: a self-test under TRITON_INTERPRET=1")
@@ -72,8 +80,8 @@ def main(argv=None) -> int:
         except ValueError as e:
             raise SystemExit(str(e)) from None
         shapes = plan.split(shapes, n)[k - 1]  # the runner's split of the same selection
-    paths = [x for x in args.paths.split(",") if x]
-    tasks = [(s.name, path, args.device) for path in paths for s in shapes]  # every shape's first path first
+    paths = [x for x in args.paths.split(",") if x] + (["baseline"] if args.baseline else [])
+    tasks = [(s.name, path, args.device, args.baseline) for path in paths for s in shapes]  # first path first
     t0 = time.time()
     failed = 0
     with mp.get_context("spawn").Pool(processes=min(args.workers, len(tasks))) as pool:

@@ -23,6 +23,16 @@ def test_prewarm_runs_every_shape_and_path_in_workers():
     assert "2 tasks, 0 failed" in r.stdout, r.stdout
 
 
+def test_prewarm_warms_a_baseline_package(tmp_path):
+    """`--baseline DIR` adds one task a shape for an earlier commit's package (benchmarks/tools/make_baseline.py)."""
+    made = subprocess.run([sys.executable, "-m", "benchmarks.tools.make_baseline", "--commit", "HEAD", "--out",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    r = _prewarm("--shapes", "smoke", "--paths", "auto", "--baseline", made.stdout.strip(), "--workers", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "smoke [baseline]" in r.stdout and "2 tasks, 0 failed" in r.stdout, r.stdout
+
+
 def test_prewarm_exits_1_and_names_a_failed_task():
     r = _prewarm("--shapes", "smoke", "--paths", "no-such-path", "--workers", "1")
     assert r.returncode == 1, r.stdout + r.stderr

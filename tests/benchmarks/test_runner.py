@@ -232,6 +232,61 @@ def test_gated_check_adds_the_graph_kernel_ratio_where_both_twins_have_one():
         "gated/ungated g8-T8192-gated vs g8-T8192 (bwd)"]
 
 
+def test_baseline_checks_compare_long_rows_eager_and_short_rows_by_kernels():
+    """Issue 18's bar against an earlier commit in the same run: a row whose baseline backward takes >= 400 us may be
+    2% slower by eager medians; a shorter one no slower by graph kernel time, or by eager medians without one."""
+    def row(name, ours_us, base_us, graphs=None):
+        c = {"fla_bwd": {"median_us": ours_us}, "fla_bwd@12ac0d6": {"median_us": base_us}}
+        for key, g in zip(c, graphs or ()):
+            c[key]["overhead"] = {"graph_bwd_us": g}
+        return {"shape": {"name": name}, "modes": {"bwd": {"candidates": c}}}
+
+    got = summary.baseline_checks([row("long", 1015.0, 1000.0), row("long-slow", 1025.0, 1000.0),
+                                   row("short", 390.0, 300.0, graphs=(150.0, 160.0)), row("short-nograph", 301, 300)])
+    assert [(c["check"], round(c["ratio"], 4), c["limit"], c["pass"]) for c in got] == [
+        ("long fla_bwd/fla_bwd@12ac0d6 (bwd)", 1.015, 1.02, True),
+        ("long-slow fla_bwd/fla_bwd@12ac0d6 (bwd)", 1.025, 1.02, False),
+        ("short fla_bwd/fla_bwd@12ac0d6, graph kernels (bwd)", 0.9375, 1.0, True),
+        ("short-nograph fla_bwd/fla_bwd@12ac0d6, eager (no graph figure) (bwd)", 1.0033, 1.0, False)]
+    assert summary.checks([row("long", 1015.0, 1000.0)], ["fwdbwd"]) == []  # a backward-alone bar only
+
+
+def test_baseline_package_runs_beside_ours(tmp_path):
+    """make_baseline writes a commit's package under its own name (here HEAD's, so its gradients must be ours bit
+    for bit), and the runner times it on every row as `fla_bwd@COMMIT` with its ratio and check."""
+    import torch
+
+    made = subprocess.run([sys.executable, "-m", "benchmarks.tools.make_baseline", "--commit", "HEAD", "--out",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    pkg = made.stdout.strip().splitlines()[-1]
+    label = "fla_bwd@" + open(os.path.join(pkg, "BASELINE_COMMIT")).read()[:7]
+    assert os.path.basename(pkg) == "fla_bwd_" + label[8:]
+    env = {} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"}
+    same = subprocess.run([sys.executable, "-c", f"""
+import torch
+from benchmarks.ops.candidates import load_baseline
+from fla_bwd.ops.attn import parallel_attn
+label, base = load_baseline({pkg!r})
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+q, k, v = (torch.randn(1, 64, h, 32, device=dev, dtype=torch.bfloat16, requires_grad=True) for h in (4, 2, 2))
+do = torch.randn(1, 64, 4, 32, device=dev, dtype=torch.bfloat16)
+a = torch.autograd.grad(parallel_attn(q, k, v), (q, k, v), do)
+b = torch.autograd.grad(base(q, k, v), (q, k, v), do)
+assert base.__module__.startswith({os.path.basename(pkg)!r}), base.__module__
+assert all(torch.equal(x, y) for x, y in zip(a, b)), [(x - y).abs().max() for x, y in zip(a, b)]
+print("same", label)
+"""], cwd=REPO, env=dict(os.environ, **env), capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0 and f"same {label}" in same.stdout, same.stdout[-2000:] + same.stderr[-2000:]
+    out = tmp_path / "base.json"
+    proc = run_cli("--smoke", "--skip-gate", "--repeats", "1", "--shapes", "smoke", "--modes", "bwd", "--baseline",
+                   pkg, "--json", str(out), env_extra=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (rec,) = json.loads(out.read_text())["results"]
+    assert rec["modes"]["bwd"]["candidates"][label]["median_us"] > 0 and rec["modes"]["bwd"]["vs"][label]["median"]
+    assert f"check smoke fla_bwd/{label} (bwd)" in proc.stdout and f"{label} us (x)" in proc.stdout
+
+
 def test_row_kinds_answer_and_check_wording():
     kinds = {s.name: summary.row_kind(s.as_dict()) for s in registry.SHAPES}
     assert kinds["g8-T8192"] == kinds["ctl-K128-V64-g8-T2048"] == "dense GQA" and kinds["mha-long"] == "MHA"
@@ -298,6 +353,8 @@ def test_report_on_synthetic_json(tmp_path):
     (["--peers", "flex,nope"], "unknown peer"),
     (["--ab", "--repeats", "3"], "at least five"),
     (["--smoke", "--overhead", "g8-T8192"], "--overhead names shapes not in this run"),
+    (["--smoke", "--baseline", "/no/such/dir"], "no BASELINE_COMMIT"),
+    (["--smoke", "--baseline-modes", "bwd,sideways"], "unknown mode"),
 ])
 def test_cli_errors_are_clean(args, needle):
     proc = run_cli(*args)
