@@ -73,7 +73,8 @@ def ours(op_fn, call, inputs: dict, shape, do, path: Optional[str]) -> Candidate
 
 
 def load_baseline(path: str):
-    """(label, parallel_attn) of an earlier commit's package written by `benchmarks/tools/make_baseline.py`."""
+    """(label, parallel_attn) of an earlier commit's package written by `benchmarks/tools/make_baseline.py`
+    (`fla_bwd@COMMIT`, `+PATCH` where a candidate patch was applied to it)."""
     import importlib
 
     path = os.path.abspath(path)
@@ -81,11 +82,13 @@ def load_baseline(path: str):
     if not os.path.isfile(stamp):
         raise ValueError(f"--baseline: {path} has no BASELINE_COMMIT (write it with benchmarks/tools/make_baseline.py)")
     with open(stamp) as f:
-        commit = f.read().strip()
+        commit, *rest = f.read().split("\n")
+    patch = [line.split(" ", 1)[1] for line in rest if line.startswith("patch ")]
     parent, name = os.path.split(path)
     if parent not in sys.path:
         sys.path.insert(0, parent)
-    return f"fla_bwd@{commit[:7]}", importlib.import_module(f"{name}.ops.attn").parallel_attn
+    label = f"fla_bwd@{commit.strip()[:7]}" + "".join(f"+{x}" for x in patch)
+    return label, importlib.import_module(f"{name}.ops.attn").parallel_attn
 
 
 def baseline(label: str, fn, call, inputs: dict, shape, do) -> Candidate:

@@ -287,6 +287,35 @@ print("same", label)
     assert f"check smoke fla_bwd/{label} (bwd)" in proc.stdout and f"{label} us (x)" in proc.stdout
 
 
+def test_baseline_with_a_candidate_patch(tmp_path):
+    """`make_baseline --patch` applies a candidate patch to the commit's package before renaming it; its label and
+    module name carry the patch's name."""
+    import difflib
+
+    sys.path.insert(0, REPO)
+    from benchmarks.ops.candidates import load_baseline
+
+    old = subprocess.run(["git", "show", "HEAD:fla_bwd/__init__.py"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout.splitlines(keepends=True)
+    new = old + ["CANDIDATE = 1\n"]
+    patch = tmp_path / "my-idea.patch"
+    patch.write_text("".join(difflib.unified_diff(old, new, "a/fla_bwd/__init__.py", "b/fla_bwd/__init__.py")))
+    made = subprocess.run([sys.executable, "-m", "benchmarks.tools.make_baseline", "--commit", "HEAD", "--patch",
+                           str(patch), "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert made.returncode == 0, made.stderr
+    pkg = made.stdout.strip().splitlines()[-1]
+    assert os.path.basename(pkg).endswith("_my_idea")
+    assert "CANDIDATE = 1" in open(os.path.join(pkg, "__init__.py")).read()
+    label, fn = load_baseline(pkg)
+    assert label.startswith("fla_bwd@") and label.endswith("+my_idea") and fn.__module__.startswith(
+        os.path.basename(pkg))
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.tools.make_baseline", "--commit", "HEAD", "--patch",
+                          str(tmp_path / "nope.patch"), "--out", str(tmp_path / "out")], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "patch failed" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_row_kinds_answer_and_check_wording():
     kinds = {s.name: summary.row_kind(s.as_dict()) for s in registry.SHAPES}
     assert kinds["g8-T8192"] == kinds["ctl-K128-V64-g8-T2048"] == "dense GQA" and kinds["mha-long"] == "MHA"
