@@ -1,6 +1,6 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Measure one shape: this package (dispatch and, with --ab, the forced legacy dK/dV path), an earlier commit's
-package where given (--baseline) and the peers."""
+"""Measure one shape: this package (dispatch and, with --ab, the forced legacy dK/dV path), earlier commits'
+packages where given (--baseline) and the peers."""
 
 import gc
 import statistics
@@ -30,8 +30,8 @@ class Settings:
     overhead: Optional[str]  # None, "all" or comma-separated shape names
     report_ratios: bool  # False on a red gate: no speedup is computed or stored
     force_peers: bool = False  # time peers on rows marked peers=False too
-    baseline: Optional[tuple] = None  # (label, parallel_attn) of an earlier commit (`candidates.load_baseline`)
-    baseline_modes: tuple = ("bwd",)  # the modes it is timed in, on every row
+    baselines: tuple = ()  # (label, parallel_attn) of earlier commits' packages (`candidates.load_baseline`)
+    baseline_modes: tuple = ("bwd",)  # the modes they are timed in, on every row
 
 
 class Budget:
@@ -120,8 +120,8 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
         cands = [C.ours(op_fn, op.call, inputs, shape, do, "auto" if st.ab else None)]
         if st.ab:
             cands.append(C.ours(op_fn, op.call, inputs, shape, do, "legacy"))
-        if st.baseline is not None and mode in st.baseline_modes:
-            cands.append(C.baseline(*st.baseline, op.call, inputs, shape, do))
+        if mode in st.baseline_modes:
+            cands += [C.baseline(label, fn, op.call, inputs, shape, do) for label, fn in st.baselines]
         fa3 = False
         for p in peers:
             why = P.unavailable(p) or P.unsupported(p, shape)

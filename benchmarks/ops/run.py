@@ -59,10 +59,10 @@ def parse_args(argv):
                    help="write the gate result here after running it (part 1); read it with --defer-gate")
     p.add_argument("--overhead", nargs="?", const="all", default=None, metavar="SHAPES",
                    help="host overhead (wall time vs whole-step CUDA-graph replay) on all shapes or the listed ones")
-    p.add_argument("--baseline", default=None, metavar="DIR",
+    p.add_argument("--baseline", action="append", default=[], metavar="DIR",
                    help="also time an earlier commit's package, written by benchmarks/tools/make_baseline.py, on "
-                        "every row (its default dispatch; a column fla_bwd@COMMIT beside the peers)")
-    p.add_argument("--baseline-modes", default="bwd", help="the modes the baseline is timed in (default bwd)")
+                        "every row (its default dispatch; a column fla_bwd@COMMIT beside the peers); repeatable")
+    p.add_argument("--baseline-modes", default="bwd", help="the modes the baselines are timed in (default bwd)")
     p.add_argument("--budget-s", type=float, default=0.0,
                    help="time budget in seconds (0: none): past it no further shape starts")
     p.add_argument("--peer-budget-s", type=float, default=None,
@@ -170,14 +170,16 @@ def main(argv=None) -> int:
         op.load()
     except Exception as e:
         raise UsageError(f"cannot import {op.module}.{op.attr}: {type(e).__name__}: {e}") from None
-    baseline = None
-    if args.baseline:
+    baselines = []
+    for path in args.baseline:
         from .candidates import load_baseline
 
         try:
-            baseline = load_baseline(args.baseline)
+            baselines.append(load_baseline(path))
         except (ValueError, ImportError) as e:
-            raise UsageError(f"--baseline {args.baseline}: {type(e).__name__}: {e}") from None
+            raise UsageError(f"--baseline {path}: {type(e).__name__}: {e}") from None
+    if len({label for label, _ in baselines}) < len(baselines):
+        raise UsageError(f"--baseline: two packages of one label: {[label for label, _ in baselines]}")
     if args.ab:
         try:
             from fla_bwd.ops.attn import dkv_path  # noqa: F401
@@ -211,7 +213,8 @@ def main(argv=None) -> int:
     timer = Timer(device, warmup_calls=(1, 1) if smoke else (3, 25))
     st = bench.Settings(modes=(), ab=args.ab, peers=peers, repeats=args.repeats, iters=args.iters,
                         fa3_calls=args.fa3_calls, overhead=args.overhead if cuda else None,
-                        report_ratios=gate["status"] != "red", force_peers=args.force_peers, baseline=baseline,
+                        report_ratios=gate["status"] != "red", force_peers=args.force_peers,
+                        baselines=tuple(baselines),
                         baseline_modes=tuple(m.strip() for m in args.baseline_modes.split(",") if m.strip()))
     data = {"schema": "fla_bwd-bench/1", "op": op.name, "smoke": smoke, "timer": timer.kind, "gate": gate,
             "env": runinfo.environment(), "settings": {k: v for k, v in vars(args).items()}, "peers": list(peers),
@@ -219,7 +222,7 @@ def main(argv=None) -> int:
     if smoke:
         print("SMOKE RUN: timings below are interpreter/CPU self-test numbers, NOT a performance number", flush=True)
     print(f"{len(shapes)} shapes, peers: {', '.join(peers) or 'none'}, A/B: {args.ab}, timer: {timer.kind}"
-          + (f", baseline {baseline[0]} ({','.join(st.baseline_modes)})" if baseline else ""), flush=True)
+          + "".join(f", baseline {label} ({','.join(st.baseline_modes)})" for label, _ in baselines), flush=True)
     budget = bench.Budget(args.budget_s, args.peer_budget_s, t0=T_START)
     tick, close = progress_bar(sum(len(s.modes) for s in shapes))
     failed = interrupted = False

@@ -58,8 +58,9 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="all", help="registry names, comma-separated, or 'all'")
     p.add_argument("--part", default=None, help="K/N: only part K of N of that selection, as the runner's --part")
     p.add_argument("--paths", default="auto,legacy", help="dkv_path values to warm, comma-separated")
-    p.add_argument("--baseline", default=None, metavar="DIR",
-                   help="also warm an earlier commit's package (the runner's --baseline): a task path 'baseline'")
+    p.add_argument("--baseline", action="append", default=[], metavar="DIR",
+                   help="also warm an earlier commit's package (the runner's --baseline): a task path 'baseline'; "
+                        "repeatable")
     p.add_argument("--workers", type=int, default=12, help="worker processes (each compiles on one CPU core)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: a self-test under TRITON_INTERPRET=1")
@@ -80,8 +81,8 @@ def main(argv=None) -> int:
         except ValueError as e:
             raise SystemExit(str(e)) from None
         shapes = plan.split(shapes, n)[k - 1]  # the runner's split of the same selection
-    paths = [x for x in args.paths.split(",") if x] + (["baseline"] if args.baseline else [])
-    tasks = [(s.name, path, args.device, args.baseline) for path in paths for s in shapes]  # first path first
+    paths = [(x, None) for x in args.paths.split(",") if x] + [("baseline", b) for b in args.baseline]
+    tasks = [(s.name, path, args.device, base) for path, base in paths for s in shapes]  # first path first
     t0 = time.time()
     failed = 0
     with mp.get_context("spawn").Pool(processes=min(args.workers, len(tasks))) as pool:

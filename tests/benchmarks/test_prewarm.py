@@ -24,13 +24,14 @@ def test_prewarm_runs_every_shape_and_path_in_workers():
 
 
 def test_prewarm_warms_a_baseline_package(tmp_path):
-    """`--baseline DIR` adds one task a shape for an earlier commit's package (benchmarks/tools/make_baseline.py)."""
+    """Each `--baseline DIR` adds one task a shape for an earlier commit's package (`make_baseline.py`)."""
     made = subprocess.run([sys.executable, "-m", "benchmarks.tools.make_baseline", "--commit", "HEAD", "--out",
                            str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
-    r = _prewarm("--shapes", "smoke", "--paths", "auto", "--baseline", made.stdout.strip(), "--workers", "2")
+    r = _prewarm("--shapes", "smoke", "--paths", "auto", "--baseline", made.stdout.strip(), "--baseline",
+                 made.stdout.strip(), "--workers", "2")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "smoke [baseline]" in r.stdout and "2 tasks, 0 failed" in r.stdout, r.stdout
+    assert r.stdout.count("smoke [baseline]") == 2 and "3 tasks, 0 failed" in r.stdout, r.stdout
 
 
 def test_prewarm_exits_1_and_names_a_failed_task():

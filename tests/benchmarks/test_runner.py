@@ -314,6 +314,22 @@ def test_baseline_with_a_candidate_patch(tmp_path):
                           str(tmp_path / "nope.patch"), "--out", str(tmp_path / "out")], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "patch failed" in bad.stderr and "Traceback" not in bad.stderr
+    # two packages in one run (a commit and a candidate on it); one label twice is refused
+    plain = subprocess.run([sys.executable, "-m", "benchmarks.tools.make_baseline", "--commit", "HEAD", "--out",
+                            str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    plain_pkg = plain.stdout.strip().splitlines()[-1]
+    import torch
+
+    env = {} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"}
+    out = tmp_path / "two.json"
+    proc = run_cli("--smoke", "--skip-gate", "--repeats", "1", "--shapes", "smoke", "--modes", "bwd", "--baseline",
+                   plain_pkg, "--baseline", pkg, "--json", str(out), env_extra=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (rec,) = json.loads(out.read_text())["results"]
+    assert {label, label.split("+")[0]} <= set(rec["modes"]["bwd"]["candidates"])
+    twice = run_cli("--smoke", "--baseline", pkg, "--baseline", pkg)
+    assert twice.returncode == 2 and "two packages of one label" in twice.stderr
 
 
 def test_row_kinds_answer_and_check_wording():
