@@ -22,8 +22,9 @@ END=$(( T0 + ${BUDGET_S:-420} ))
 left() { local l=$(( END - $(date +%s) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 BASES=()
 for name in kv_early dq_hot_first; do
-  base=$(ls -d .baseline/fla_bwd_*_"$name" 2>/dev/null | head -n 1)
+  base=$(ls -d .baseline/fla_bwd_*_"$name" 2>/dev/null)
   [ -n "$base" ] && [ -d ".ab/$name/fla_bwd" ] || { echo "ab.sh: run make_trees.sh first (and carry .baseline)" >&2; exit 2; }
+  [ "$(echo "$base" | wc -l)" = 1 ] || { echo "ab.sh: more than one $name package in .baseline: $base" >&2; exit 2; }
   BASES+=(--baseline "$base")
 done
 if compgen -G ".whl/*.whl" > /dev/null; then  # the runner's tabulate and tqdm

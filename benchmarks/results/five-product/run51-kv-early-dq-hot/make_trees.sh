@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 DIR=benchmarks/results/five-product/run51-kv-early-dq-hot
 for patch in kv-early dq-hot-first; do
+  rm -rf .baseline/fla_bwd_*_"${patch//-/_}"  # an earlier HEAD's: ab.sh takes the one package of each name
   python3 -m benchmarks.tools.make_baseline --commit HEAD --patch "$DIR/$patch.patch"
   tree=.ab/${patch//-/_}
   rm -rf "$tree" && mkdir -p "$tree"
