@@ -18,7 +18,7 @@ ROOT=$PWD
 LOGS=${OUT:-$PWD/ab_out}
 mkdir -p "$LOGS"
 T0=$(date +%s)
-END=$(( T0 + ${BUDGET_S:-420} ))
+END=$(( T0 + ${BUDGET_S:-380} ))
 left() { local l=$(( END - $(date +%s) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 BASES=()
 for name in kv_early dq_hot_first; do
@@ -50,12 +50,12 @@ grep -E "^  [a-z0-9-]+ +bwd|^check|^geomean" "$LOGS/ab.log" | cut -c1-400
 # From /: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH's tree under test.
 for pair in kv_early:test_attn_gluon_dkv.py dq_hot_first:test_attn_five_product.py; do
   name=${pair%%:*} file=${pair#*:}
-  lim=$(left 150)
+  lim=$(left 110)
   if [ "$lim" -gt 30 ]; then
     echo "== $name: tests/ops/$file on the GPU (limit $lim s)"
     (cd / && PYTHONPATH=$ROOT/.ab/$name timeout "$lim" python3 -c \
       'import fla_bwd.ops.attn.parallel as p; print("testing", p.__file__)' && PYTHONPATH=$ROOT/.ab/$name:$ROOT \
-      timeout "$lim" python3 -m pytest -q -x -n 8 -p no:cacheprovider "$ROOT/tests/ops/$file") \
+      timeout "$lim" python3 -m pytest -q -x -n 12 -p no:cacheprovider "$ROOT/tests/ops/$file") \
       > "$LOGS/tests-$name.log" 2>&1
     echo "tests rc $? ($(( $(date +%s) - T0 )) s): $(head -n 1 "$LOGS/tests-$name.log"); $(tail -n 1 "$LOGS/tests-$name.log")"
   else
