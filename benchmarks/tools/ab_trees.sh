@@ -3,7 +3,7 @@
 #
 # A/B of two source trees of the package on one GPU: `benchmarks/tools/tune_attn.py` run alternately against this checkout's
 # fla_bwd (A) and another tree's (B), ROUNDS times each, every run a fresh process, then the bwd medians side by side.
-# The other tree is a copy of a branch's package in the ignored `.ab/` folder, carried to the device:
+# The other tree is a copy of a branch's package in `.ab/` (untracked, not ignored: it travels to the device; never commit it):
 #     mkdir -p .ab/NAME && git archive BRANCH fla_bwd | tar -x -C .ab/NAME
 #     bash benchmarks/tools/ab_trees.sh .ab/NAME --shapes g8-T8192,gqa4-long --paths auto      # tune_attn.py options after
 # Logs and JSON go to $OUT (or ./ab_out); prints one line per shape: A and B bwd us per round, and B/A.
