@@ -69,6 +69,11 @@ def test_gpu_run_names_only_registered_shapes_and_parses():
         rows += m.group(1).split(",")
     assert len(rows) >= 11, rows
     assert set(rows) <= {s.name for s in SHAPES}, set(rows) - {s.name for s in SHAPES}
+    # the default baseline is the package make_baseline writes for 12ac0d6 (a rename would drop the column)
+    from benchmarks.tools.make_baseline import module_name
+
+    (default,) = re.findall(r"^BASELINE=\$\{BASELINE-\.baseline/(\S+)\}$", text, re.M)
+    assert default == module_name("12ac0d65fb484312ba8326d72a35979c695a3a25")
 
 
 def test_prewarm_part_warms_the_runners_part_of_the_selection():
