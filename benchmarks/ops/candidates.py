@@ -58,9 +58,13 @@ class Candidate:
         self.state.clear()
 
 
+def leaves_of(inputs: dict) -> list:
+    """The tensors a backward differentiates: q, k, v and, where given, the gate g."""
+    return [t for t in (inputs.get("q"), inputs.get("k"), inputs.get("v"), inputs.get("g")) if t is not None]
+
+
 def ours(op_fn, call, inputs: dict, shape, do, path: Optional[str]) -> Candidate:
     """This package's op; `path` forces the dK/dV backward through `dkv_path(path)` (None: no context)."""
-    leaves = [t for t in (inputs.get("q"), inputs.get("k"), inputs.get("v"), inputs.get("g")) if t is not None]
     ctx = contextlib.nullcontext
     if path is not None:
         from fla_bwd.ops.attn import dkv_path
@@ -68,7 +72,7 @@ def ours(op_fn, call, inputs: dict, shape, do, path: Optional[str]) -> Candidate
         def ctx():
             return dkv_path(path)
     name = "fla_bwd" if path in (None, "auto") else f"fla_bwd[{path}]"
-    return Candidate(name=name, forward=lambda: call(op_fn, inputs, shape), leaves=leaves, do=do, ctx=ctx,
+    return Candidate(name=name, forward=lambda: call(op_fn, inputs, shape), leaves=leaves_of(inputs), do=do, ctx=ctx,
                      kind="ours")
 
 
@@ -93,8 +97,8 @@ def load_baseline(path: str):
 
 def baseline(label: str, fn, call, inputs: dict, shape, do) -> Candidate:
     """The earlier commit's op on the same inputs, timed interleaved as a peer (its default dispatch)."""
-    leaves = [t for t in (inputs.get("q"), inputs.get("k"), inputs.get("v"), inputs.get("g")) if t is not None]
-    return Candidate(name=label, forward=lambda: call(fn, inputs, shape), leaves=leaves, do=do, kind="baseline")
+    return Candidate(name=label, forward=lambda: call(fn, inputs, shape), leaves=leaves_of(inputs), do=do,
+                     kind="baseline")
 
 
 def one_line(e: BaseException, limit: int = 200) -> str:

@@ -13,14 +13,10 @@ from typing import Optional  # noqa: F401 - kept for callers
 import torch
 from einops import rearrange
 
-from .candidates import Candidate, one_line
+from .candidates import Candidate, leaves_of, one_line
 from .shapes import PEERS, unsupported  # noqa: F401 - re-exported
 
 _import_errors: dict = {}
-
-
-def _leaves(inputs):
-    return [t for t in (inputs["q"], inputs["k"], inputs["v"], inputs.get("g")) if t is not None]
 
 
 # ---------------------------------------------------------------- FlexAttention
@@ -86,7 +82,7 @@ def _flex_candidate(shape, inputs, do) -> Candidate:
             o = flex(qt, kt, vt, g, block_mask, gqa)
         return rearrange(o, "b h t d -> b t h d")
 
-    return Candidate(name="flex", forward=forward, leaves=_leaves(inputs), do=do, state={"block_mask": block_mask})
+    return Candidate(name="flex", forward=forward, leaves=leaves_of(inputs), do=do, state={"block_mask": block_mask})
 
 
 # ---------------------------------------------------------------- SDPA
@@ -105,7 +101,7 @@ def _sdpa_candidate(backend_name, shape, inputs, do) -> Candidate:
         return rearrange(o, "b h t d -> b t h d")
 
     tag = {"CUDNN_ATTENTION": "sdpa-cudnn", "FLASH_ATTENTION": "sdpa-fa2"}[backend_name]
-    return Candidate(name=tag, forward=forward, leaves=_leaves(inputs), do=do)
+    return Candidate(name=tag, forward=forward, leaves=leaves_of(inputs), do=do)
 
 
 # ---------------------------------------------------------------- upstream FLA
@@ -117,7 +113,7 @@ def _fla_candidate(shape, inputs, do) -> Candidate:
     def forward():
         return fla_parallel_attn(q, k, v, g=g, window_size=shape.W, cu_seqlens=cu)
 
-    return Candidate(name="fla-0.6", forward=forward, leaves=_leaves(inputs), do=do)
+    return Candidate(name="fla-0.6", forward=forward, leaves=leaves_of(inputs), do=do)
 
 
 # ---------------------------------------------------------------- availability

@@ -170,10 +170,10 @@ def main(argv=None) -> int:
         op.load()
     except Exception as e:
         raise UsageError(f"cannot import {op.module}.{op.attr}: {type(e).__name__}: {e}") from None
+    from .candidates import load_baseline
+
     baselines = []
     for path in args.baseline:
-        from .candidates import load_baseline
-
         try:
             baselines.append(load_baseline(path))
         except (ValueError, ImportError) as e:

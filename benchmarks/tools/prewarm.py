@@ -33,18 +33,19 @@ def _warm(task):
 
         import torch
 
-        from benchmarks.ops.candidates import load_baseline
+        from benchmarks.ops.candidates import leaves_of, load_baseline
         from benchmarks.ops.registry import get_op, get_shape, make_inputs
         from fla_bwd.ops.attn import dkv_path
 
         op, shape = get_op("parallel_attn"), get_shape(name)
         inputs = make_inputs(op, shape, torch.device(device))
-        leaves = [t for t in (inputs.get("q"), inputs.get("k"), inputs.get("v"), inputs.get("g")) if t is not None]
-        fn, ctx = (load_baseline(baseline)[1], contextlib.nullcontext()) if path == "baseline" else (op.load(),
-                                                                                                   dkv_path(path))
+        if path == "baseline":  # an earlier commit's package, under its own default dispatch
+            fn, ctx = load_baseline(baseline)[1], contextlib.nullcontext()
+        else:
+            fn, ctx = op.load(), dkv_path(path)
         with ctx:
             o = op.call(fn, inputs, shape)
-            torch.autograd.grad(o, leaves, torch.randn_like(o))
+            torch.autograd.grad(o, leaves_of(inputs), torch.randn_like(o))
         if device == "cuda":
             torch.cuda.synchronize()
         err = None
