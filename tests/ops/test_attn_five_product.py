@@ -353,6 +353,7 @@ def test_auto_dispatch(kw, expected, monkeypatch):
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
+    monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)  # the H200's (on the CPU too)
     five = from_ds.five_product_chunk(_shape(**kw), True, "auto", True)
     assert five == (None if expected is None else from_ds.FiveProduct(*expected)), five
     assert from_ds.five_product_chunk(_shape(**kw), False, "auto", True) is None  # packed: seven products
@@ -362,6 +363,29 @@ def test_auto_dispatch(kw, expected, monkeypatch):
         assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) is None
 
 
+@pytest.mark.parametrize("hopper", [False, True])
+def test_auto_dispatch_by_bandwidth(hopper, monkeypatch):
+    """On the Triton kernel "auto" takes five products only on GPUs of at least `config.TRITON_FIVE_MIN_TBPS` (it lost
+    ctl-K128-V64-g8-T2048 on the H100, PERF.md #71); the Hopper kernel's calls (faked on) take them whatever the
+    bandwidth. The device reports its own (`config.hbm_tbps`); the CPU the H200's."""
+    monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
+    monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
+    monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
+    monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
+    monkeypatch.setattr(config, "sm_count", lambda device: 132)
+    monkeypatch.setattr(from_ds.gluon_dkv, "why_not", lambda s, device, aligned: None if hopper else "not faked on")
+    call = _shape(H=4, V=64) if not hopper else _shape(H=4)
+    expected = from_ds.FiveProduct(2, 4, True) if hopper else from_ds.FiveProduct(4, 2)
+    assert config.hbm_tbps(torch.device("cpu")) == config.REFERENCE_TBPS
+    if DEVICE == "cuda":  # memory clock x bus width: H100 SXM 3.35, H200 4.8
+        assert 1.0 < config.hbm_tbps(torch.device("cuda")) < 20.0
+    for tbps, five in ((4.8, True), (4.0, True), (3.35, hopper)):
+        monkeypatch.setattr(config, "hbm_tbps", lambda device, tbps=tbps: tbps)
+        assert from_ds.five_product_chunk(call, True, "auto", True) == (expected if five else None), tbps
+    with dq_path("from-ds"):  # asked for: runs at any bandwidth
+        assert from_ds.five_product_chunk(call, True, "auto", True) is not None
+
+
 def test_auto_runs_five_products_where_it_dispatches(monkeypatch):
     """End to end through "auto" (the length threshold lowered to the interpreter's sizes, and on the CPU one SM,
     which these short calls keep busy): the five-product backward runs and matches the oracle for MHA and GQA, while
@@ -369,6 +393,7 @@ def test_auto_runs_five_products_where_it_dispatches(monkeypatch):
     the Hopper kernel's calls run the Triton kernel here (the Hopper one: tests/ops/test_attn_gluon_dkv.py)."""
     monkeypatch.setattr(config, "FIVE_PRODUCT_MIN_T", 64)
     monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
+    monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)
     if DEVICE != "cuda":
         monkeypatch.setattr(config, "sm_count", lambda device: 1)
     spy = ChunkSpy(monkeypatch)
@@ -389,6 +414,7 @@ def test_auto_splits_imbalanced_calls(monkeypatch):
     tests/ops/test_attn_gluon_dkv.py)."""
     monkeypatch.setattr(config, "FIVE_PRODUCT_MIN_T", 64)
     monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
+    monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)
     if DEVICE != "cuda":
         monkeypatch.setattr(config, "sm_count", lambda device: 2)
     spy = ChunkSpy(monkeypatch)

@@ -94,6 +94,7 @@ def test_hopper_dispatch(kw, auto, forced, monkeypatch):
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
     monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None if aligned else "unaligned")
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
+    monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)  # Triton's five products too
     assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*auto)
     with ds_kernel("hopper"):
         assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*forced, True)

@@ -1,13 +1,15 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """Per-kernel backward times of HEAD against the 12ac0d6 baseline on the rows whose 12ac0d6 check failed in the
 H100 record at e30fa93 (PERF.md #71): the profiler's mean CUDA time per kernel over ITERS backwards, in ROUNDS
-interleaved rounds, plus HEAD with the seven-product path forced (`dkv_path("legacy")`).
+interleaved rounds, plus HEAD with the seven-product path forced (`dkv_path("legacy")`). ROWS, ROUNDS and ITERS
+(environment) narrow it.
 
     python benchmarks/results/record-e30fa93-h100/kernels_vs_base.py [.baseline/fla_bwd_12ac0d6]
 """
 
 import contextlib
 import json
+import os
 import sys
 
 import torch
@@ -17,8 +19,9 @@ from benchmarks.ops.registry import get_op, get_shape, make_inputs
 from benchmarks.tools.tune_attn import kernel_times
 from fla_bwd.ops.attn import dkv_path, parallel_attn
 
-ROWS = ["ctl-fp32-g8-T2048", "ctl-K128-V64-g8-T2048", "mha-short", "gqa4-short", "mha-short-fp16", "g4-T2048-D64"]
-ROUNDS, ITERS = 3, 20
+ROWS = os.environ.get("ROWS", "ctl-fp32-g8-T2048,ctl-K128-V64-g8-T2048,mha-short,gqa4-short,mha-short-fp16,"
+                      "g4-T2048-D64").split(",")
+ROUNDS, ITERS = int(os.environ.get("ROUNDS", 3)), int(os.environ.get("ITERS", 20))
 
 
 def backward(o, leaves, do):

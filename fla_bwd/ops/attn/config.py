@@ -8,6 +8,7 @@ import functools
 from typing import NamedTuple
 
 import torch
+import triton
 
 from fla_bwd import settings
 from fla_bwd.utils import cdiv, is_interpreter
@@ -70,8 +71,14 @@ DS_TWO_HEADS_BELOW_T = 4096
 # Gated five-product calls up to this length sum the key side of the gate's gradient and scan it in one launch, a
 # program a band (`from_ds.gate_grad_of_band_kernel`): one launch less; a band's partial key sums grow as T^2.
 GATE_GRAD_BY_BAND_MAX_T = 2048
+# "auto" takes five products on the Triton dS-store kernel (where the Hopper kernel does not run: K != V, head dims
+# other than 128) only on GPUs with at least this peak memory bandwidth (TB/s, `hbm_tbps`): its dS round trip won
+# ctl-K128-V64-g8-T2048 on the H200 (4.8 TB/s) and lost it on the H100 (3.35 TB/s) by 2.2% (PERF.md #60, #71).
+TRITON_FIVE_MIN_TBPS = 4.0
 # SMs of the GPU the dispatch rules were measured on (H200): `sm_count` of a device that has none (the CPU).
 REFERENCE_SMS = 132
+# That GPU's peak memory bandwidth in TB/s: `hbm_tbps` of a device that has none (the CPU).
+REFERENCE_TBPS = 4.8
 # Under the CPU interpreter small tiles make the tests' short sequences cross every range of the loops.
 INTERPRETER_CONFIG = _tiles(32, 16, 4, 1)
 
@@ -132,6 +139,21 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return REFERENCE_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def hbm_tbps(device: torch.device) -> float:
+    """Peak memory bandwidth of a CUDA device in TB/s (memory clock x bus width x 2, double data rate), else
+    `REFERENCE_TBPS`. Read once per device, as `sm_count`."""
+    if device.type != "cuda":
+        return REFERENCE_TBPS
+    props = torch.cuda.get_device_properties(device)
+    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    if not (clock_khz and bus_bits):  # a torch without these fields: Triton's driver reports the same two
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        driver = triton.runtime.driver.active.utils.get_device_properties(index)
+        clock_khz, bus_bits = driver["mem_clock_rate"], driver["mem_bus_width"]
+    return clock_khz * 1e3 * 2 * bus_bits / 8 / 1e12
 
 
 @functools.cache

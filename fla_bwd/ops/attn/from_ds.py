@@ -448,7 +448,8 @@ def _busy_splits(s):
 def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
     """How "auto" runs this (eligible, dense) call with five products, or None for seven: where they measured
     faster (`config`): full causal, head dims 65-128, long enough, gated calls only on the Hopper kernel and where
-    `config.FIVE_PRODUCT_GATED` allows, and the first of `_busy_splits` whose dS tiles fit the budget."""
+    `config.FIVE_PRODUCT_GATED` allows, ungated calls on the Triton kernel only on GPUs of at least
+    `config.TRITON_FIVE_MIN_TBPS`, and the first of `_busy_splits` whose dS tiles fit the budget."""
     D = max(s.K, s.V)
     if not (64 < D <= 128 and s.W >= s.T and s.T >= config.FIVE_PRODUCT_MIN_T):
         return None
@@ -463,6 +464,8 @@ def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
         split = gluon_dkv.split_for(s.B, s.T, s.H, G, config.sm_count(s.device))
         chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, s.g_dtype is not None)
         return None if chunk is None else FiveProduct(split, chunk, True)
+    if config.hbm_tbps(s.device) < config.TRITON_FIVE_MIN_TBPS:
+        return None  # the Triton kernel's dS round trip costs more than it saves at this bandwidth
     for split in _busy_splits(s):
         chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, budget, split, s.g_dtype is not None)
         if chunk is not None:

@@ -220,6 +220,10 @@ def parallel_attn_bwd_kernel_dq(
         b_delta = tl.zeros([BT], dtype=tl.float32)  # not read: the first loop of `_dq_rows` computes it
     else:
         b_delta = tl.sum(tl.load(o + p_o, mask=m_o, other=0).to(tl.float32) * b_do.to(tl.float32), 1)
+        if not REFINE_DELTA:
+            # Stored now: kept live across the loops for a store and a check after them, it spilled the fp32
+            # kernel's loops (dq 6.6% slower on the H100, PERF.md #71).
+            tl.store(delta + row_base + o_t, b_delta, mask=m_t)
     b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
@@ -229,7 +233,9 @@ def parallel_attn_bwd_kernel_dq(
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA, DOT_PREC=DOT_PREC,
         USE_G=USE_G, SAFE=CONTAIN == FIXUP)
     if CONTAIN != FIXUP:
-        bad = any_nonfinite(b_dq) | any_nonfinite((b_delta_out + b_off_pdp + b_off_p)[:, None])
+        bad = any_nonfinite(b_dq)
+        if REFINE_DELTA or EXACT_DELTA:  # the row sums the loops computed (a SAFE pass gives o * dO's the same)
+            bad = bad | any_nonfinite((b_delta_out + b_off_pdp + b_off_p)[:, None])
         if CONTAIN == INLINE:
             if bad:
                 b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
@@ -243,7 +249,8 @@ def parallel_attn_bwd_kernel_dq(
     # differences of dS sums, which turns that error into a random walk along the sequence (PERF.md #4): gated and
     # sink calls store rowsum(P * dP), the same quantity from fp32 terms, for the dK/dV kernel, which runs next and
     # computes the key side of dgc (and dK, dsink) from it.
-    tl.store(delta + row_base + o_t, b_delta_out, mask=m_t)
+    if REFINE_DELTA or EXACT_DELTA:
+        tl.store(delta + row_base + o_t, b_delta_out, mask=m_t)
     if USE_SINK:
         b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
         tl.store(dsink_partial + tl.program_id(0) // HQ + i_hq.to(tl.int64) * (tl.num_programs(0) // HQ),
