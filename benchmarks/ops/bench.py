@@ -12,7 +12,7 @@ import torch
 
 from . import candidates as C
 from . import peers as P
-from .metrics import GRAPH_KEY, compare_to_graph, host_overhead, kernel_count, peak_memory
+from .metrics import GRAPH_KEY, compare_to_graph, host_overhead, kernel_count, paired_graph_bwd_us, peak_memory
 from .registry import make_inputs
 from .timing import interleaved, ratio_stats, summarize, wall_median_us
 
@@ -62,6 +62,25 @@ def _free(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+
+
+def _paired_graphs(cands, res: dict, mode: str, timer, device) -> None:
+    """On a host-overhead row of the backward with an earlier commit's package timed (`--baseline`): every package's
+    backward kernel time from graphs replayed interleaved (`metrics.paired_graph_bwd_us`), into each one's
+    `overhead` as `paired_graph_bwd_us` (or `paired_error`), the figure `summary.baseline_checks` compares."""
+    timed = [c for c in cands if c.kind in ("ours", "baseline") and c.name in res["candidates"]]
+    if mode != "bwd" or not any(c.kind == "baseline" for c in timed):
+        return
+    for c in timed:
+        c.release()  # as before `host_overhead`'s captures
+    try:
+        got = {k: {"paired_graph_bwd_us": v}
+               for k, v in paired_graph_bwd_us({c.name: c.build for c in timed}, flush=timer.flush).items()}
+    except Exception as e:
+        got = {c.name: {"paired_error": C.one_line(e)} for c in timed}
+    for name, fields in got.items():
+        res["candidates"][name].setdefault("overhead", {}).update(fields)
+    _free(device)
 
 
 def _tflops(flops: float, us: float) -> Optional[float]:
@@ -207,6 +226,7 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
                         cres["overhead"] = {"error": C.one_line(e)}
                     c.release()
                     _free(device)
+                _paired_graphs(cands, res, mode, timer, device)
         if fa3:
             t_c = time.time()
             try:

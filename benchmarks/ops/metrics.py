@@ -153,16 +153,7 @@ def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20,
         release()
     graphs = {}
     try:
-        side = torch.cuda.Stream()
-        for key, m in (("graph_step_us", "fwdbwd"), ("graph_fwd_us", "fwd")):
-            step = build(m)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    step()
-            torch.cuda.current_stream().wait_stream(side)
-            graphs[key] = capture(step, side)
-            del step
+        graphs = _step_graphs(build, torch.cuda.Stream())
         out.update(_replay_us(graphs, calls, flush))
         out["graph_bwd_us"] = out["graph_step_us"] - out["graph_fwd_us"]
         out["graph_us"] = out[GRAPH_KEY[mode]]
@@ -175,6 +166,39 @@ def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20,
             out["graph_error"] += f"; synchronize after it: {capture_error(e2)}"
     graphs.clear()
     return out
+
+
+def _step_graphs(build: Callable[[str], Callable], side) -> dict:
+    """{"graph_step_us": the whole step (`build("fwdbwd")`) in one CUDA graph, "graph_fwd_us": the forward alone},
+    each warmed up on the side stream and captured there (see `host_overhead`)."""
+    graphs = {}
+    for key, m in (("graph_step_us", "fwdbwd"), ("graph_fwd_us", "fwd")):
+        step = build(m)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graphs[key] = capture(step, side)
+        del step
+    return graphs
+
+
+# Replays per graph of `paired_graph_bwd_us`: its figures decide a strict bar (no slower than 12ac0d6 by kernel time)
+# where the candidates differ by < 1% (PERF.md #71).
+PAIRED_CALLS = 100
+
+
+def paired_graph_bwd_us(builds: dict, calls: int = PAIRED_CALLS, flush: Optional[Callable] = None) -> dict:
+    """{name: backward kernel time (us)} of each candidate (`builds`: name -> `Candidate.build`), as `host_overhead`'s
+    `graph_bwd_us` (graph step minus graph forward), but with every candidate's graphs captured first and all of
+    them replayed interleaved call by call, so that clock and power drift between candidates measured one after the
+    other does not enter their ratio. Raises where a capture fails (the current stream restored, `capture`)."""
+    side = torch.cuda.Stream()
+    graphs = {(name, key): g for name, build in builds.items() for key, g in _step_graphs(build, side).items()}
+    us = _replay_us(graphs, calls, flush)
+    graphs.clear()
+    return {name: us[(name, "graph_step_us")] - us[(name, "graph_fwd_us")] for name in builds}
 
 
 def compare_to_graph(overhead: dict, mode: str, median_us: float) -> dict:

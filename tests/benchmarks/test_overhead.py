@@ -51,6 +51,7 @@ class FakeCuda:
                 self.ms, self.error = 0.0, None
 
             def replay(self):
+                fake.log.append(("replay", self.ms))
                 fake.clock += self.ms
 
         class Graph:
@@ -90,14 +91,15 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: self.Stream(self.current))
         monkeypatch.setattr(torch.cuda, "set_stream", lambda s: setattr(self, "current", s.name))
 
-    def build(self, mode):
-        """`Candidate.build`'s contract: the zero-argument call of `mode`."""
+    def build(self, mode, factor=1.0):
+        """`Candidate.build`'s contract: the zero-argument call of `mode`, whose captured kernels take `factor` times
+        KERNEL_MS."""
         def call():
             self.log.append((mode, self.current, "capture" if self.capturing else "run"))
             if self.capturing is not None:
                 if self.fail_capture == mode:
                     raise RuntimeError("operation would make the legacy stream depend on a capturing blocking stream")
-                self.capturing.ms = KERNEL_MS[mode]
+                self.capturing.ms = KERNEL_MS[mode] * factor
         return call
 
 
@@ -148,3 +150,24 @@ def test_compare_to_graph_and_runner_line():
     step = metrics.compare_to_graph(dict(ov), "fwdbwd", 520.0)
     assert step["fwdbwd_over_graph"] == pytest.approx(2.0)
     assert "fwd+bwd 520 us vs graph step 260 us = 2.00x" in bench.overhead_text("fwdbwd", step)
+
+
+def test_paired_graphs_replay_every_candidate_interleaved(monkeypatch):
+    """`paired_graph_bwd_us`: each candidate's step and forward graphs captured first, then all four replayed in
+    turn, call by call (flushed before each), so drift hits both candidates alike; a failed capture raises with the
+    stream restored."""
+    fake = FakeCuda()
+    fake.install(monkeypatch)
+    flushes = []
+    got = metrics.paired_graph_bwd_us({"ours": fake.build, "base": lambda m: fake.build(m, factor=2.0)}, calls=3,
+                                      flush=lambda: flushes.append(1))
+    assert got == {"ours": pytest.approx(190.0), "base": pytest.approx(380.0)}
+    replays = [e[1] for e in fake.log if e[0] == "replay"]
+    one_round = [KERNEL_MS["fwdbwd"], KERNEL_MS["fwd"], 2 * KERNEL_MS["fwdbwd"], 2 * KERNEL_MS["fwd"]]
+    assert replays == one_round * 4  # a warm-up replay of each, then 3 timed rounds
+    assert len(flushes) == 3 * 4
+    failing = FakeCuda(fail_capture="fwd")
+    failing.install(monkeypatch)
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        metrics.paired_graph_bwd_us({"ours": failing.build}, calls=2)
+    assert failing.current == "default"
