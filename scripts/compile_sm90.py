@@ -138,10 +138,9 @@ def resource_report(compiled) -> str:
     return f"regs {regs.group(1):>3s}  stack {stack} B  local {local} B  smem {compiled.metadata.shared} B"
 
 
-def loop_report(compiled) -> list:
-    """One line per backward branch whose range holds HGMMA instructions (a loop with matrix products), in code
-    order: address range, instructions, HGMMA, STL, LDL. Nested ranges are listed separately. Then ptxas's wgmma
-    verdict on the whole kernel (`wgmma_serialized`)."""
+def sass_loops(compiled, ops=("HGMMA", "STL", "LDL")) -> list:
+    """(first address, last address, instructions, {op: count}) of every backward branch's range in the SASS, in
+    code order (nested ranges listed separately), counting the instructions of each of `ops`."""
     ins = []
     for line in cuobjdump(compiled, "-sass").splitlines():
         m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
@@ -154,11 +153,17 @@ def loop_report(compiled) -> list:
             continue
         lo = int(target.group(1), 16)
         body = [x for a, x in ins if lo <= a <= addr]
-        count = {op: sum(bool(re.search(rf"\b{op}\b", x)) for x in body) for op in ("HGMMA", "STL", "LDL")}
-        if count["HGMMA"]:
-            out.append(f"    loop [{lo:#x}, {addr:#x}]: {len(body):5d} instructions, HGMMA {count['HGMMA']:3d}, "
-                       f"STL {count['STL']:3d}, LDL {count['LDL']:3d}")
-    return out + [f"    wgmma: {wgmma_serialized(compiled)}"]
+        out.append((lo, addr, len(body), {op: sum(bool(re.search(rf"\b{op}\b", x)) for x in body) for op in ops}))
+    return out
+
+
+def loop_report(compiled) -> list:
+    """One line per loop whose range holds HGMMA instructions (a loop with matrix products; `sass_loops`), in code
+    order: address range, instructions, HGMMA, STL, LDL. Then ptxas's wgmma verdict on the whole kernel
+    (`wgmma_serialized`)."""
+    return [f"    loop [{lo:#x}, {addr:#x}]: {n:5d} instructions, HGMMA {c['HGMMA']:3d}, STL {c['STL']:3d}, "
+            f"LDL {c['LDL']:3d}" for lo, addr, n, c in sass_loops(compiled) if c["HGMMA"]] + \
+        [f"    wgmma: {wgmma_serialized(compiled)}"]
 
 
 def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):

@@ -33,23 +33,11 @@ def old_harness():
 
 def stats(compiled) -> str:
     """Resources, SASS instructions, and per loop with matrix products (HGMMA) or > 100 FFMA (fp32 kernels):
-    instructions / STL / LDL."""
-    ins = []
-    for line in C.cuobjdump(compiled, "-sass").splitlines():
-        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
-        if m:
-            ins.append((int(m.group(1), 16), m.group(2)))
-    loops = []
-    for addr, text in ins:
-        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
-        if not target or int(target.group(1), 16) >= addr:
-            continue
-        lo = int(target.group(1), 16)
-        body = [x for a, x in ins if lo <= a <= addr]
-        n = {op: sum(bool(re.search(rf"\b{op}\b", x)) for x in body) for op in ("FFMA", "HGMMA", "STL", "LDL")}
-        if n["FFMA"] > 100 or n["HGMMA"]:
-            loops.append(f"{len(body)}/{n['STL']}/{n['LDL']}")
-    return f"{C.resource_report(compiled)} total {len(ins)} loops(ins/STL/LDL) {' '.join(loops)}"
+    instructions / STL / LDL (`compile_sm90.sass_loops`)."""
+    loops = [f"{n}/{c['STL']}/{c['LDL']}" for _, _, n, c in C.sass_loops(compiled, ("FFMA", "HGMMA", "STL", "LDL"))
+             if c["FFMA"] > 100 or c["HGMMA"]]
+    total = sum(bool(re.match(r"\s+/\*[0-9a-f]+\*/", line)) for line in C.cuobjdump(compiled, "-sass").splitlines())
+    return f"{C.resource_report(compiled)} total {total} loops(ins/STL/LDL) {' '.join(loops)}"
 
 
 def main():
