@@ -12,7 +12,7 @@ import torch
 
 from . import candidates as C
 from . import peers as P
-from .metrics import GRAPH_KEY, compare_to_graph, host_overhead, kernel_count, paired_graph_bwd_us, peak_memory
+from .metrics import GRAPH_KEY, compare_to_graph, host_overhead, kernel_count, paired_graphs_us, peak_memory
 from .registry import make_inputs
 from .timing import interleaved, ratio_stats, summarize, wall_median_us
 
@@ -64,23 +64,19 @@ def _free(device):
         torch.cuda.empty_cache()
 
 
-def _paired_graphs(cands, res: dict, mode: str, timer, device) -> None:
-    """On a host-overhead row of the backward with an earlier commit's package timed (`--baseline`): every package's
-    backward kernel time from graphs replayed interleaved (`metrics.paired_graph_bwd_us`), into each one's
-    `overhead` as `paired_graph_bwd_us` (or `paired_error`), the figure `summary.baseline_checks` compares."""
-    timed = [c for c in cands if c.kind in ("ours", "baseline") and c.name in res["candidates"]]
+def _paired_graphs(timed: list, mode: str, timer) -> tuple:
+    """({name: graph figures}, error or None) for `host_overhead(graphs=...)`: on a backward row with an earlier
+    commit's package timed (`--baseline`), every package's graphs captured and replayed interleaved
+    (`metrics.paired_graphs_us`), the figures `summary.baseline_checks` compares; elsewhere, or where a capture fails
+    (each package then captures its own), none."""
     if mode != "bwd" or not any(c.kind == "baseline" for c in timed):
-        return
+        return {}, None
     for c in timed:
         c.release()  # as before `host_overhead`'s captures
     try:
-        got = {k: {"paired_graph_bwd_us": v}
-               for k, v in paired_graph_bwd_us({c.name: c.build for c in timed}, flush=timer.flush).items()}
+        return paired_graphs_us({c.name: c.build for c in timed}, flush=timer.flush), None
     except Exception as e:
-        got = {c.name: {"paired_error": C.one_line(e)} for c in timed}
-    for name, fields in got.items():
-        res["candidates"][name].setdefault("overhead", {}).update(fields)
-    _free(device)
+        return {}, C.one_line(e)
 
 
 def _tflops(flops: float, us: float) -> Optional[float]:
@@ -216,17 +212,21 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
                 c.release()
                 _free(device)
             if st.overhead and (st.overhead == "all" or shape.name in st.overhead.split(",")):
-                for c in (c for c in cands if c.kind in ("ours", "baseline") and c.name in res["candidates"]):
+                timed = [c for c in cands if c.kind in ("ours", "baseline") and c.name in res["candidates"]]
+                paired, paired_error = _paired_graphs(timed, mode, timer)
+                for c in timed:
                     cres = res["candidates"][c.name]
                     c.release()  # the timed calls' forward output: see host_overhead's `release`
                     try:
-                        ov = host_overhead(c.build, mode, flush=timer.flush, release=c.release)
+                        ov = host_overhead(c.build, mode, flush=timer.flush, release=c.release,
+                                           graphs=paired.get(c.name))
                         cres["overhead"] = compare_to_graph(ov, mode, cres["median_us"])
                     except Exception as e:
                         cres["overhead"] = {"error": C.one_line(e)}
+                    if paired_error:
+                        cres["overhead"]["paired_error"] = paired_error
                     c.release()
                     _free(device)
-                _paired_graphs(cands, res, mode, timer, device)
         if fa3:
             t_c = time.time()
             try:

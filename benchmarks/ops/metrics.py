@@ -121,8 +121,8 @@ def _replay_us(graphs: dict, calls: int, flush: Optional[Callable]) -> dict:
     return {k: statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev) for k, ev in events.items()}
 
 
-def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20,
-                  flush: Optional[Callable] = None, release: Optional[Callable] = None) -> dict:
+def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20, flush: Optional[Callable] = None,
+                  release: Optional[Callable] = None, graphs: Optional[dict] = None) -> dict:
     """What the host adds to one call of `mode`, against kernel time from CUDA-graph replays (issue 19's method).
 
     `build(m)` returns the zero-argument call of mode m (`Candidate.build`). `wall_us`: median over `calls` of the
@@ -136,7 +136,9 @@ def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20,
     `GRAPH_KEY`). A failed capture is reported as `graph_error`, with the current stream restored. `release()`,
     when given, drops what `build` keeps alive (a bwd call's forward output) before the captures: an autograd graph
     of the leaves kept from an eager call ties their AccumulateGrad nodes to the default stream, and the capture then
-    fails ("operation would make the legacy stream depend on a capturing blocking stream")."""
+    fails ("operation would make the legacy stream depend on a capturing blocking stream"). `graphs`, when given,
+    are this call's `graph_step_us` and `graph_fwd_us` from `paired_graphs_us` (measured beside other packages'):
+    nothing is captured here, and `graphs_paired` marks them."""
     fn = build(mode)
     walls = []
     for _ in range(calls):
@@ -151,20 +153,21 @@ def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20,
     del fn
     if release is not None:
         release()
-    graphs = {}
-    try:
-        graphs = _step_graphs(build, torch.cuda.Stream())
-        out.update(_replay_us(graphs, calls, flush))
-        out["graph_bwd_us"] = out["graph_step_us"] - out["graph_fwd_us"]
-        out["graph_us"] = out[GRAPH_KEY[mode]]
-        out["host_overhead_us"] = out["wall_us"] - out["graph_us"]
-    except Exception as e:
-        out["graph_error"] = capture_error(e)
+    if graphs is not None:
+        out.update(graphs, graphs_paired=True)
+    else:
         try:
-            torch.cuda.synchronize()
-        except Exception as e2:  # a sticky error: later CUDA work in this process fails too, say so
-            out["graph_error"] += f"; synchronize after it: {capture_error(e2)}"
-    graphs.clear()
+            out.update(_replay_us(_step_graphs(build, torch.cuda.Stream()), calls, flush))
+        except Exception as e:
+            out["graph_error"] = capture_error(e)
+            try:
+                torch.cuda.synchronize()
+            except Exception as e2:  # a sticky error: later CUDA work in this process fails too, say so
+                out["graph_error"] += f"; synchronize after it: {capture_error(e2)}"
+            return out
+    out["graph_bwd_us"] = out["graph_step_us"] - out["graph_fwd_us"]
+    out["graph_us"] = out[GRAPH_KEY[mode]]
+    out["host_overhead_us"] = out["wall_us"] - out["graph_us"]
     return out
 
 
@@ -184,21 +187,20 @@ def _step_graphs(build: Callable[[str], Callable], side) -> dict:
     return graphs
 
 
-# Replays per graph of `paired_graph_bwd_us`: its figures decide a strict bar (no slower than 12ac0d6 by kernel time)
-# where the candidates differ by < 1% (PERF.md #71).
+# Replays per graph of `paired_graphs_us`: its figures decide a strict bar (no slower than 12ac0d6 by kernel time)
+# where the packages differ by < 1% (PERF.md #71).
 PAIRED_CALLS = 100
 
 
-def paired_graph_bwd_us(builds: dict, calls: int = PAIRED_CALLS, flush: Optional[Callable] = None) -> dict:
-    """{name: backward kernel time (us)} of each candidate (`builds`: name -> `Candidate.build`), as `host_overhead`'s
-    `graph_bwd_us` (graph step minus graph forward), but with every candidate's graphs captured first and all of
-    them replayed interleaved call by call, so that clock and power drift between candidates measured one after the
-    other does not enter their ratio. Raises where a capture fails (the current stream restored, `capture`)."""
+def paired_graphs_us(builds: dict, calls: int = PAIRED_CALLS, flush: Optional[Callable] = None) -> dict:
+    """{name: {"graph_step_us", "graph_fwd_us"}} of each candidate (`builds`: name -> `Candidate.build`), as
+    `host_overhead` measures them, but with every candidate's graphs captured first and all of them replayed
+    interleaved call by call, so that clock and power drift between candidates does not enter their ratio. Raises
+    where a capture fails (the current stream restored, `capture`)."""
     side = torch.cuda.Stream()
-    graphs = {(name, key): g for name, build in builds.items() for key, g in _step_graphs(build, side).items()}
-    us = _replay_us(graphs, calls, flush)
-    graphs.clear()
-    return {name: us[(name, "graph_step_us")] - us[(name, "graph_fwd_us")] for name in builds}
+    us = _replay_us({(name, key): g for name, build in builds.items() for key, g in _step_graphs(build, side).items()},
+                    calls, flush)
+    return {name: {key: us[(name, key)] for key in ("graph_step_us", "graph_fwd_us")} for name in builds}
 
 
 def compare_to_graph(overhead: dict, mode: str, median_us: float) -> dict:

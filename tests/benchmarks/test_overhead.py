@@ -153,21 +153,56 @@ def test_compare_to_graph_and_runner_line():
 
 
 def test_paired_graphs_replay_every_candidate_interleaved(monkeypatch):
-    """`paired_graph_bwd_us`: each candidate's step and forward graphs captured first, then all four replayed in
-    turn, call by call (flushed before each), so drift hits both candidates alike; a failed capture raises with the
-    stream restored."""
+    """`paired_graphs_us`: each candidate's step and forward graphs captured first, then all four replayed in turn,
+    call by call (flushed before each), so drift hits both candidates alike; `host_overhead` given a candidate's
+    figures captures nothing and marks them paired; a failed capture raises with the stream restored."""
     fake = FakeCuda()
     fake.install(monkeypatch)
     flushes = []
-    got = metrics.paired_graph_bwd_us({"ours": fake.build, "base": lambda m: fake.build(m, factor=2.0)}, calls=3,
-                                      flush=lambda: flushes.append(1))
-    assert got == {"ours": pytest.approx(190.0), "base": pytest.approx(380.0)}
+    got = metrics.paired_graphs_us({"ours": fake.build, "base": lambda m: fake.build(m, factor=2.0)}, calls=3,
+                                   flush=lambda: flushes.append(1))
+    assert got == {"ours": {"graph_step_us": pytest.approx(300.0), "graph_fwd_us": pytest.approx(110.0)},
+                   "base": {"graph_step_us": pytest.approx(600.0), "graph_fwd_us": pytest.approx(220.0)}}
     replays = [e[1] for e in fake.log if e[0] == "replay"]
     one_round = [KERNEL_MS["fwdbwd"], KERNEL_MS["fwd"], 2 * KERNEL_MS["fwdbwd"], 2 * KERNEL_MS["fwd"]]
     assert replays == one_round * 4  # a warm-up replay of each, then 3 timed rounds
     assert len(flushes) == 3 * 4
+    before = len(fake.log)
+    out = metrics.host_overhead(fake.build, "bwd", calls=2, graphs=got["base"])
+    assert [e for e in fake.log[before:] if e[0] != "bwd"] == []  # its wall-time calls only: no capture, no replay
+    assert out["graphs_paired"] and out["graph_bwd_us"] == pytest.approx(380.0)
+    assert out["graph_us"] == out["graph_bwd_us"]
+    assert out["host_overhead_us"] == pytest.approx(out["wall_us"] - 380.0)
     failing = FakeCuda(fail_capture="fwd")
     failing.install(monkeypatch)
     with pytest.raises(RuntimeError, match="previous error during capture"):
-        metrics.paired_graph_bwd_us({"ours": failing.build}, calls=2)
+        metrics.paired_graphs_us({"ours": failing.build}, calls=2)
     assert failing.current == "default"
+
+
+def test_runner_pairs_graphs_only_beside_a_baseline(monkeypatch):
+    """`bench._paired_graphs`: a backward row with a baseline package gets every package's figures from one
+    interleaved replay; a row without one, or another mode, gets none (each package captures its own); a failed
+    capture gives none and the error, which the runner records beside each package's own figures."""
+    from types import SimpleNamespace
+
+    fake = FakeCuda()
+    fake.install(monkeypatch)
+    timer = SimpleNamespace(flush=None)
+    released = []
+
+    def cand(name, kind, factor=1.0):
+        return SimpleNamespace(name=name, kind=kind, build=lambda m: fake.build(m, factor=factor),
+                               release=lambda: released.append(name))
+
+    ours, base = cand("fla_bwd", "ours"), cand("fla_bwd@12ac0d6", "baseline", 2.0)
+    got, err = bench._paired_graphs([ours, base], "bwd", timer)
+    assert err is None and set(got) == {"fla_bwd", "fla_bwd@12ac0d6"} and released == ["fla_bwd", "fla_bwd@12ac0d6"]
+    assert got["fla_bwd@12ac0d6"]["graph_step_us"] == pytest.approx(2 * got["fla_bwd"]["graph_step_us"])
+    assert bench._paired_graphs([ours], "bwd", timer) == ({}, None)
+    assert bench._paired_graphs([ours, base], "fwdbwd", timer) == ({}, None)
+    failing = FakeCuda(fail_capture="fwdbwd")
+    failing.install(monkeypatch)
+    got, err = bench._paired_graphs([cand("fla_bwd", "ours"), SimpleNamespace(
+        name="b", kind="baseline", build=failing.build, release=lambda: None)], "bwd", timer)
+    assert got == {} and err.startswith("RuntimeError"), err

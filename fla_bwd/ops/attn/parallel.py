@@ -194,6 +194,8 @@ def parallel_attn_bwd_kernel_dq(
     order by the dK/dV kernel, `_sum_dsink`). CONTAIN as in the forward kernel."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     tl.static_assert(not (REFINE_DELTA and EXACT_DELTA), "one way of computing delta")
+    # Whether the delta stored for the dK/dV kernel comes out of the loops (rowsum(P * dP)), not from o and dO.
+    LOOP_DELTA: tl.constexpr = REFINE_DELTA or EXACT_DELTA
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
@@ -220,7 +222,7 @@ def parallel_attn_bwd_kernel_dq(
         b_delta = tl.zeros([BT], dtype=tl.float32)  # not read: the first loop of `_dq_rows` computes it
     else:
         b_delta = tl.sum(tl.load(o + p_o, mask=m_o, other=0).to(tl.float32) * b_do.to(tl.float32), 1)
-        if not REFINE_DELTA:
+        if not LOOP_DELTA:
             # Stored now: kept live across the loops for a store and a check after them, it spilled the fp32
             # kernel's loops (dq 6.6% slower on the H100, PERF.md #71).
             tl.store(delta + row_base + o_t, b_delta, mask=m_t)
@@ -234,7 +236,7 @@ def parallel_attn_bwd_kernel_dq(
         USE_G=USE_G, SAFE=CONTAIN == FIXUP)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dq)
-        if REFINE_DELTA or EXACT_DELTA:  # the row sums the loops computed (a SAFE pass gives o * dO's the same)
+        if LOOP_DELTA:  # the row sums the loops computed (a SAFE pass gives o * dO's the same)
             bad = bad | any_nonfinite((b_delta_out + b_off_pdp + b_off_p)[:, None])
         if CONTAIN == INLINE:
             if bad:
@@ -249,13 +251,13 @@ def parallel_attn_bwd_kernel_dq(
     # differences of dS sums, which turns that error into a random walk along the sequence (PERF.md #4): gated and
     # sink calls store rowsum(P * dP), the same quantity from fp32 terms, for the dK/dV kernel, which runs next and
     # computes the key side of dgc (and dK, dsink) from it.
-    if REFINE_DELTA or EXACT_DELTA:
+    if LOOP_DELTA:
         tl.store(delta + row_base + o_t, b_delta_out, mask=m_t)
     if USE_SINK:
         b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
         tl.store(dsink_partial + tl.program_id(0) // HQ + i_hq.to(tl.int64) * (tl.num_programs(0) // HQ),
                  -tl.sum(b_delta_out * tl.exp2(b_sink - b_lse), 0))
-    if USE_G and (REFINE_DELTA or EXACT_DELTA):  # the host always picks one with gates
+    if USE_G and LOOP_DELTA:  # the host always picks one with gates
         # Query side of dgc_j: sum over keys i < j of P_ji * (dP_ji - delta_j), from the fp32 sums.
         tl.store(dgc_q + row_base + o_t, b_off_pdp - b_delta_out * b_off_p, mask=m_t)
 
