@@ -110,6 +110,25 @@ def test_hopper_dispatch(kw, auto, forced, monkeypatch):
         from_ds.five_product_chunk(_shape(**kw), True, "auto", False)
 
 
+@pytest.mark.parametrize("kernel", ["auto", "triton"])
+def test_default_budget_keeps_g8_t16384_on_seven_products(kernel, monkeypatch):
+    """Issue 18's peak-memory bar: a G8 B1 T16384 dense backward at the default budget stores no dS tiles (one head
+    of every KV head would take 4 x 256.5 MiB, past the bar's 932 MiB), with either dK/dV kernel; one MiB more than
+    that scratch and it would (PERF.md #72), so the default must stay below it."""
+    monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
+    monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
+    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None)
+    monkeypatch.setattr(config, "sm_count", lambda device: 132)
+    monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)
+    s = _shape(B=1, T=16384, W=16384, H=4)
+    one_head_each = s.B * s.H * from_ds.band_bytes(s.T, s.W, s.K, False)
+    assert one_head_each > 932 << 20
+    with ds_kernel(kernel):
+        assert from_ds.five_product_chunk(s, True, "auto", True) is None
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(one_head_each / 2**20))
+        assert from_ds.five_product_chunk(s, True, "auto", True) == from_ds.FiveProduct(1, 1, kernel == "auto")
+
+
 def test_forced_hopper_raises_where_it_cannot_run(monkeypatch):
     case = Case(B=1, T=100, HQ=4, H=2, K=128, dtype=bf16)  # T not a multiple of 128 (and, on the CPU, no GPU)
     x = make_inputs(case)
