@@ -113,8 +113,8 @@ def test_hopper_dispatch(kw, auto, forced, monkeypatch):
 @pytest.mark.parametrize("kernel", ["auto", "triton"])
 def test_default_budget_keeps_g8_t16384_on_seven_products(kernel, monkeypatch):
     """Issue 18's peak-memory bar: a G8 B1 T16384 dense backward at the default budget stores no dS tiles (one head
-    of every KV head would take 4 x 256.5 MiB, past the bar's 932 MiB), with either dK/dV kernel; one MiB more than
-    that scratch and it would (PERF.md #72), so the default must stay below it."""
+    of every KV head would take 4 x 256.5 MiB, past the bar's 932 MiB), with either dK/dV kernel. A budget of that
+    scratch would store them (PERF.md #72), so the default must stay below it."""
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None)
