@@ -1,5 +1,6 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""run51's verdict from ab.json: each candidate's per-round median over HEAD's, row by row (under 1: faster).
+"""run51's verdict from ab.json, row by row: the runner's per-round ratios of each candidate to HEAD (`vs`, under 1:
+faster) and, where measured, the ratio of their graph backwards.
 
     python benchmarks/results/five-product/run51-kv-early-dq-hot/ratios.py ab_out/ab.json
 """
@@ -8,22 +9,17 @@ import sys
 
 
 def main(path: str) -> None:
-    results = json.load(open(path))['results']
-    for result in results:
-        cands = result['modes']['bwd']['candidates']
-        head = cands['fla_bwd']
-        for name, cand in cands.items():
+    for result in json.load(open(path))['results']:
+        bwd = result['modes']['bwd']
+        head_graph = bwd['candidates']['fla_bwd'].get('overhead', {}).get('graph_bwd_us')
+        for name, vs in bwd.get('vs', {}).items():
             if '@' not in name:
-                continue
-            ratios = [c / h for c, h in zip(cand['round_medians_us'], head['round_medians_us'])]
-            graph = ''
-            if cand.get('overhead') and head.get('overhead'):
-                c, h = cand['overhead'].get('graph_bwd_us'), head['overhead'].get('graph_bwd_us')
-                graph = f' graph bwd {c / h:.4f} ({c:.1f} vs {h:.1f})' if c and h else ''
-            row, cand_name = result['shape']['name'], name.split('@')[-1]
-            rounds = ' '.join(f'{r:.3f}' for r in ratios)
-            print(f"{row:18s} {cand_name:13s} median {cand['median_us'] / head['median_us']:.4f} rounds {rounds} "
-                  f"all<1 {all(r < 1 for r in ratios)} ({cand['median_us']:.1f} vs {head['median_us']:.1f}){graph}")
+                continue  # a peer
+            graph = bwd['candidates'][name].get('overhead', {}).get('graph_bwd_us')
+            graph_note = f' graph bwd {graph / head_graph:.4f}' if graph and head_graph else ''
+            rounds = ' '.join(f'{r:.3f}' for r in vs['ratios'])
+            print(f"{result['shape']['name']:18s} {name.split('@')[-1]:13s} median {vs['median']:.4f} "
+                  f"rounds {rounds} all<1 {vs['max'] < 1}{graph_note}")
 
 
 if __name__ == '__main__':
