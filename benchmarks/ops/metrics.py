@@ -103,13 +103,15 @@ def capture(fn: Callable, stream) -> "torch.cuda.CUDAGraph":
 
 def _replay_us(graphs: dict, calls: int, flush: Optional[Callable]) -> dict:
     """Median microseconds of each graph's replay (CUDA events on the current stream, after `flush` when given),
-    the graphs interleaved call by call so that drift hits all of them."""
+    the graphs interleaved call by call so that drift hits all of them, and the order rotated by one each call so
+    that no graph always follows the same one."""
     for g in graphs.values():
         g.replay()
     torch.cuda.synchronize()
     events = {k: [] for k in graphs}
-    for _ in range(calls):
-        for k, g in graphs.items():
+    order = list(graphs.items())
+    for i in range(calls):
+        for k, g in order[i % len(order):] + order[:i % len(order)]:
             if flush is not None:
                 flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -188,8 +190,8 @@ def _step_graphs(build: Callable[[str], Callable], side) -> dict:
 
 
 # Replays per graph of `paired_graphs_us`: its figures decide a strict bar (no slower than 12ac0d6 by kernel time)
-# where the packages differ by < 1% (PERF.md #71).
-PAIRED_CALLS = 100
+# where the packages differ by < 1%: 100 left same-SASS kernels 0.3-1.4% apart (PERF.md #71, #73).
+PAIRED_CALLS = 300
 
 
 def paired_graphs_us(builds: dict, calls: int = PAIRED_CALLS, flush: Optional[Callable] = None) -> dict:

@@ -154,7 +154,8 @@ def test_compare_to_graph_and_runner_line():
 
 def test_paired_graphs_replay_every_candidate_interleaved(monkeypatch):
     """`paired_graphs_us`: each candidate's step and forward graphs captured first, then all four replayed in turn,
-    call by call (flushed before each), so drift hits both candidates alike; `host_overhead` given a candidate's
+    call by call (flushed before each; the order rotated by one each call), so drift hits both candidates alike and
+    no graph always follows the same one; `host_overhead` given a candidate's
     figures captures nothing and marks them paired; a failed capture raises with the stream restored."""
     fake = FakeCuda()
     fake.install(monkeypatch)
@@ -165,7 +166,8 @@ def test_paired_graphs_replay_every_candidate_interleaved(monkeypatch):
                    "base": {"graph_step_us": pytest.approx(600.0), "graph_fwd_us": pytest.approx(220.0)}}
     replays = [e[1] for e in fake.log if e[0] == "replay"]
     one_round = [KERNEL_MS["fwdbwd"], KERNEL_MS["fwd"], 2 * KERNEL_MS["fwdbwd"], 2 * KERNEL_MS["fwd"]]
-    assert replays == one_round * 4  # a warm-up replay of each, then 3 timed rounds
+    rotated = [one_round[i:] + one_round[:i] for i in range(3)]
+    assert replays == one_round + sum(rotated, [])  # a warm-up replay of each, then 3 timed rounds
     assert len(flushes) == 3 * 4
     before = len(fake.log)
     out = metrics.host_overhead(fake.build, "bwd", calls=2, graphs=got["base"])
