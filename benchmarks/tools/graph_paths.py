@@ -7,7 +7,7 @@ runner's method: CUDA events, L2 flushed, median) and its gradients' largest dif
 whether a path is faster in kernel time where auto's rule was set by host time (short rows, PERF.md #73). Not a
 benchmark of record.
 
-    python benchmarks/tools/graph_paths.py --rows mha-short,mha-short-fp16,gqa4-short \
+    python3 -m benchmarks.tools.graph_paths --rows mha-short,mha-short-fp16,gqa4-short \
         --paths auto,five-hopper,five-triton --baseline .baseline/fla_bwd_12ac0d6 --json $OUT/graph_paths.json
 """
 
