@@ -65,23 +65,32 @@ def measure_row(op, name: str, paths, base, rounds: int, calls: int, timer, devi
     shape = get_shape(name)
     inputs = make_inputs(op, shape, device)
     do = make_do(shape, inputs, device)
-    cands = candidates(op, shape, inputs, do, paths, base)
-    rec = {"shape": shape.describe(), "rounds": []}
-    for _ in range(rounds):
+    rec = {"shape": shape.describe(), "rounds": [], "errors": {}}
+    cands, got = [], {}
+    for c in candidates(op, shape, inputs, do, paths, base):
+        try:  # a path that cannot run this row says why (e.g. a forced kernel that cannot), the others still run
+            got[c.name] = grads(c)
+            cands.append(c)
+        except Exception as e:
+            rec["errors"][c.name] = C.one_line(e)
+    for _ in range(rounds if cands else 0):
         figs = paired_graphs_us({c.name: c.build for c in cands}, calls=calls, flush=timer.flush)
         rec["rounds"].append({k: dict(v, graph_bwd_us=v["graph_step_us"] - v["graph_fwd_us"]) for k, v in figs.items()})
         for c in cands:
             c.release()
-    ref = grads(cands[0])
     rec["eager_bwd_us"], rec["max_grad_diff"] = {}, {}
     for c in cands:
         rec["eager_bwd_us"][c.name] = median_us(c.build("bwd"), device, timer=timer)
-        rec["max_grad_diff"][c.name] = max((a - b).abs().max().item() for a, b in zip(grads(c), ref))
+        rec["max_grad_diff"][c.name] = max((a - b).abs().max().item() for a, b in zip(got[c.name], got[cands[0].name]))
         c.release()
     return rec
 
 
 def report(name: str, rec: dict) -> None:
+    for cand, why in rec["errors"].items():
+        print(f"== {name}: {cand} did not run: {why}")
+    if not rec["eager_bwd_us"]:
+        return
     first = next(iter(rec["eager_bwd_us"]))
     print(f"== {name} ({rec['shape']}): graph bwd us per round | median ratio to {first} | eager bwd us | max |dgrad|")
     for cand in rec["eager_bwd_us"]:
@@ -114,7 +123,7 @@ def main(argv=None) -> int:
         try:
             out[name] = measure_row(op, name, paths, base, args.rounds, args.calls, timer)
             report(name, out[name])
-        except Exception as e:  # a path that cannot run a row says why, the other rows still run
+        except Exception as e:  # e.g. a capture that failed: the other rows still run
             out[name] = {"error": C.one_line(e)}
             print(f"== {name}: {out[name]['error']}", flush=True)
     if args.json:

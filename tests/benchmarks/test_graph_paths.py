@@ -43,13 +43,14 @@ def test_measure_row_forces_each_path(monkeypatch):
     monkeypatch.setattr(host, "five_product_chunk", spy_chunk)
     monkeypatch.setattr(G, "paired_graphs_us", fake_paired)
     monkeypatch.setattr(G, "median_us", fake_median)
-    rec = G.measure_row(registry.get_op("parallel_attn"), "smoke", ["auto", "legacy", "five-triton"], None,
+    rec = G.measure_row(registry.get_op("parallel_attn"), "smoke", ["auto", "legacy", "five-hopper", "five-triton"], None,
                         rounds=2, calls=3, timer=Timer(torch.device("cpu")), device="cpu")
     assert [list(r) for r in rec["rounds"]] == [["fla_bwd[auto]", "fla_bwd[legacy]", "fla_bwd[five-triton]"]] * 2
     assert rec["rounds"][0]["fla_bwd[legacy]"]["graph_bwd_us"] == pytest.approx(61.0)
     assert seen == [("auto", "auto")] * 3
     assert rec["max_grad_diff"]["fla_bwd[auto]"] == 0.0
-    assert five[:3] == [False, False, True]  # round 1: the backward of each candidate, in order
+    assert list(rec["errors"]) == ["fla_bwd[five-hopper]"] and "CUDA" in rec["errors"]["fla_bwd[five-hopper]"]
+    assert five[:3] == [False, False, True]  # auto, legacy, five-triton's first backwards (hopper's raised inside)
     assert max(rec["max_grad_diff"].values()) < 5e-2
 
 
