@@ -43,8 +43,9 @@ def test_measure_row_forces_each_path(monkeypatch):
     monkeypatch.setattr(host, "five_product_chunk", spy_chunk)
     monkeypatch.setattr(G, "paired_graphs_us", fake_paired)
     monkeypatch.setattr(G, "median_us", fake_median)
-    rec = G.measure_row(registry.get_op("parallel_attn"), "smoke", ["auto", "legacy", "five-hopper", "five-triton"], None,
-                        rounds=2, calls=3, timer=Timer(torch.device("cpu")), device="cpu")
+    paths = ["auto", "legacy", "five-hopper", "five-triton"]
+    rec = G.measure_row(registry.get_op("parallel_attn"), "smoke", paths, None, rounds=2, calls=3,
+                        timer=Timer(torch.device("cpu")), device="cpu")
     assert [list(r) for r in rec["rounds"]] == [["fla_bwd[auto]", "fla_bwd[legacy]", "fla_bwd[five-triton]"]] * 2
     assert rec["rounds"][0]["fla_bwd[legacy]"]["graph_bwd_us"] == pytest.approx(61.0)
     assert seen == [("auto", "auto")] * 3
