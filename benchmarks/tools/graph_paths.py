@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.ops import candidates as C
 from benchmarks.ops.bench import make_do
-from benchmarks.ops.metrics import paired_graphs_us
+from benchmarks.ops.metrics import PAIRED_CALLS, paired_graphs_us
 from benchmarks.ops.registry import get_op, get_shape, make_inputs
 from benchmarks.ops.timing import Timer, median_us
 from fla_bwd import settings
@@ -46,11 +46,12 @@ def forcing(path: str):
     return ctx
 
 
-def candidates(rows_op, shape, inputs, do, paths, base) -> list:
-    out = [C.Candidate(name=f"fla_bwd[{p}]", forward=lambda: rows_op.call(parallel_attn, inputs, shape),
+def candidates(op, shape, inputs, do, paths, base) -> list:
+    """Ours under each forced path, then the baseline package (`base`: its label and op, or None)."""
+    out = [C.Candidate(name=f"fla_bwd[{p}]", forward=lambda: op.call(parallel_attn, inputs, shape),
                        leaves=C.leaves_of(inputs), do=do, ctx=forcing(p), kind="ours") for p in paths]
     if base is not None:
-        out.append(C.baseline(*base, rows_op.call, inputs, shape, do))
+        out.append(C.baseline(*base, op.call, inputs, shape, do))
     return out
 
 
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", default="auto,five-hopper,five-triton", help=f"comma-separated, of {list(PATHS)}")
     ap.add_argument("--baseline", default=None, help="an earlier commit's package (make_baseline.py)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--calls", type=int, default=300, help="replays per graph per round")
+    ap.add_argument("--calls", type=int, default=PAIRED_CALLS, help="replays per graph per round")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     paths = args.paths.split(",")
@@ -126,9 +127,9 @@ def main(argv=None) -> int:
         except Exception as e:  # e.g. a capture that failed: the other rows still run
             out[name] = {"error": C.one_line(e)}
             print(f"== {name}: {out[name]['error']}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        if args.json:  # after every row: a command stopped at its limit keeps the rows it finished
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
     return 0
 
 
