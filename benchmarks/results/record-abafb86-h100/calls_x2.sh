@@ -2,7 +2,8 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 #
 # The device calls PERF.md #73 plans for a two-GPU machine (nvidia-h100-x2 / nvidia-h200-x2), each one command, from
-# the repository root, with [".whl", ".baseline"] carried (after run51's make_trees.sh for "ab"):
+# the repository root, with [".whl", ".baseline"] carried (for "ab", first here: run51's make_trees.sh and the
+# graph-rule candidate's package, graph-rule/ab.sh's header):
 #   bash benchmarks/results/record-abafb86-h100/calls_x2.sh ab           # short rows' paths beside run51's A/B
 #   bash benchmarks/results/record-abafb86-h100/calls_x2.sh parts12 COMMIT   # the record's parts 1 and 2
 #   bash benchmarks/results/record-abafb86-h100/calls_x2.sh part3 COMMIT     # part 3 beside the GPU test suite
@@ -12,9 +13,7 @@ cd "$(dirname "$0")/../../.."
 R5=benchmarks/results/five-product/run51-kv-early-dq-hot
 case "${1:-}" in
   ab)
-    exec bash benchmarks/tools/two_gpus.sh \
-      "python3 -m benchmarks.tools.graph_paths --rows mha-short,mha-short-fp16,gqa4-short,g4-T2048-D64 \
-         --paths auto,five-hopper,five-triton --baseline .baseline/fla_bwd_12ac0d6 --json \$OUT/graph_paths.json" \
+    exec bash benchmarks/tools/two_gpus.sh "bash benchmarks/results/record-abafb86-h100/graph-rule/ab.sh" \
       "BUDGET_S=480 bash $R5/ab.sh; python3 $R5/ratios.py \$OUT/ab.json" ;;
   parts12)
     [ -n "${2:-}" ] || { echo "calls_x2.sh parts12 COMMIT" >&2; exit 2; }
