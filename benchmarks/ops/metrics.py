@@ -102,9 +102,14 @@ def capture(fn: Callable, stream) -> "torch.cuda.CUDAGraph":
 
 
 def _replay_us(graphs: dict, calls: int, flush: Optional[Callable]) -> dict:
-    """Median microseconds of each graph's replay (CUDA events on the current stream, after `flush` when given),
-    the graphs interleaved call by call so that drift hits all of them, and the order rotated by one each call so
-    that no graph always follows the same one."""
+    """Median microseconds of each graph's replay (`_replay_times`)."""
+    return {k: statistics.median(t) for k, t in _replay_times(graphs, calls, flush).items()}
+
+
+def _replay_times(graphs: dict, calls: int, flush: Optional[Callable]) -> dict:
+    """Microseconds of each of `calls` replays of each graph (CUDA events on the current stream, after `flush` when
+    given), the graphs interleaved call by call so that drift hits all of them, and the order rotated by one each
+    call so that no graph always follows the same one."""
     for g in graphs.values():
         g.replay()
     torch.cuda.synchronize()
@@ -120,7 +125,7 @@ def _replay_us(graphs: dict, calls: int, flush: Optional[Callable]) -> dict:
             end.record()
             events[k].append((start, end))
     torch.cuda.synchronize()
-    return {k: statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev) for k, ev in events.items()}
+    return {k: [s.elapsed_time(e) * 1e3 for s, e in ev] for k, ev in events.items()}
 
 
 def host_overhead(build: Callable[[str], Callable], mode: str, calls: int = 20, flush: Optional[Callable] = None,
@@ -192,17 +197,29 @@ def _step_graphs(build: Callable[[str], Callable], side) -> dict:
 # Replays per graph of `paired_graphs_us`: its figures decide a strict bar (no slower than 12ac0d6 by kernel time)
 # where the packages differ by < 1%: 100 left same-SASS kernels 0.3-1.4% apart (PERF.md #71, #73).
 PAIRED_CALLS = 300
+# Consecutive blocks of those calls, each with its own backward figure: the spread of a paired ratio across them is
+# printed beside its check (`summary.check_lines`), so a reader sees how far the point estimate moves within a run.
+PAIRED_BLOCKS = 5
 
 
 def paired_graphs_us(builds: dict, calls: int = PAIRED_CALLS, flush: Optional[Callable] = None) -> dict:
-    """{name: {"graph_step_us", "graph_fwd_us"}} of each candidate (`builds`: name -> `Candidate.build`), as
-    `host_overhead` measures them, but with every candidate's graphs captured first and all of them replayed
-    interleaved call by call, so that clock and power drift between candidates does not enter their ratio. Raises
-    where a capture fails (the current stream restored, `capture`)."""
+    """{name: {"graph_step_us", "graph_fwd_us", "graph_bwd_blocks_us"}} of each candidate (`builds`: name ->
+    `Candidate.build`), as `host_overhead` measures them, but with every candidate's graphs captured first and all
+    of them replayed interleaved call by call, so that clock and power drift between candidates does not enter
+    their ratio; `graph_bwd_blocks_us`: the step's median minus the forward's within each of `PAIRED_BLOCKS`
+    consecutive blocks of the calls. Raises where a capture fails (the current stream restored, `capture`)."""
     side = torch.cuda.Stream()
-    us = _replay_us({(name, key): g for name, build in builds.items() for key, g in _step_graphs(build, side).items()},
-                    calls, flush)
-    return {name: {key: us[(name, key)] for key in ("graph_step_us", "graph_fwd_us")} for name in builds}
+    times = _replay_times({(name, key): g for name, build in builds.items()
+                           for key, g in _step_graphs(build, side).items()}, calls, flush)
+    blocks = min(PAIRED_BLOCKS, calls)
+    out = {}
+    for name in builds:
+        step, fwd = times[(name, "graph_step_us")], times[(name, "graph_fwd_us")]
+        cut = [i * len(step) // blocks for i in range(blocks + 1)]
+        out[name] = {"graph_step_us": statistics.median(step), "graph_fwd_us": statistics.median(fwd),
+                     "graph_bwd_blocks_us": [statistics.median(step[a:b]) - statistics.median(fwd[a:b])
+                                             for a, b in zip(cut, cut[1:])]}
+    return out
 
 
 def compare_to_graph(overhead: dict, mode: str, median_us: float) -> dict:

@@ -146,14 +146,18 @@ def baseline_checks(records) -> list:
             ours, base, row = c[OURS], c[name], r["shape"]["name"]
             graphs = [x.get("overhead", {}).get(GRAPH_KEY["bwd"]) for x in (ours, base)]
             paired = all(x.get("overhead", {}).get("graphs_paired") for x in (ours, base))
+            blocks = [x.get("overhead", {}).get("graph_bwd_blocks_us") for x in (ours, base)]
+            extra = {}
             if record_bwd_us(name).get(row, base["median_us"]) >= BASELINE_LONG_US:
                 label, ratio, limit = "", ours["median_us"] / base["median_us"], BASELINE_SLACK
             elif all(graphs):
                 label, ratio, limit = ", graph kernels" + (" paired" if paired else ""), graphs[0] / graphs[1], 1.0
+                if paired and all(blocks):
+                    extra = {"blocks": [a / b for a, b in zip(*blocks)]}
             else:
                 label, ratio, limit = ", eager (no graph figure)", ours["median_us"] / base["median_us"], 1.0
             out.append({"check": f"{row} {OURS}/{name}{label} (bwd)", "ratio": ratio, "limit": limit,
-                        "pass": ratio <= limit})
+                        "pass": ratio <= limit, **extra})
     return out
 
 
@@ -287,9 +291,13 @@ def geomean_lines(data: dict, mode: str) -> list:
 
 
 def check_lines(data: dict, mode: str = None) -> list:
-    """One line per check (of `mode`, or all): the gated row's time over its ungated twin's, at most the limit."""
+    """One line per check (of `mode`, or all): the ratio against its limit, and where the check has them, the
+    ratio's spread over consecutive blocks of its paired graph replays (`metrics.PAIRED_BLOCKS`)."""
+    def spread(c):
+        b = c.get("blocks")
+        return f" (over {len(b)} blocks of its replays: {min(b):.3f}-{max(b):.3f})" if b else ""
     return [f"check {c['check']}: {fmt_check(c['ratio'], c['limit'], c['pass'])} -> {'PASS' if c['pass'] else 'FAIL'}"
-            for c in data.get("checks", []) if mode is None or c["check"].endswith(f"({mode})")]
+            f"{spread(c)}" for c in data.get("checks", []) if mode is None or c["check"].endswith(f"({mode})")]
 
 
 def render(data: dict, mode: str, markdown: bool = False, with_banner: bool = True) -> str:

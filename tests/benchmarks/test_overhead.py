@@ -162,8 +162,10 @@ def test_paired_graphs_replay_every_candidate_interleaved(monkeypatch):
     flushes = []
     got = metrics.paired_graphs_us({"ours": fake.build, "base": lambda m: fake.build(m, factor=2.0)}, calls=3,
                                    flush=lambda: flushes.append(1))
-    assert got == {"ours": {"graph_step_us": pytest.approx(300.0), "graph_fwd_us": pytest.approx(110.0)},
-                   "base": {"graph_step_us": pytest.approx(600.0), "graph_fwd_us": pytest.approx(220.0)}}
+    assert got == {"ours": {"graph_step_us": pytest.approx(300.0), "graph_fwd_us": pytest.approx(110.0),
+                            "graph_bwd_blocks_us": [pytest.approx(190.0)] * 3},
+                   "base": {"graph_step_us": pytest.approx(600.0), "graph_fwd_us": pytest.approx(220.0),
+                            "graph_bwd_blocks_us": [pytest.approx(380.0)] * 3}}  # one block per call: 3 < 5
     replays = [e[1] for e in fake.log if e[0] == "replay"]
     one_round = [KERNEL_MS["fwdbwd"], KERNEL_MS["fwd"], 2 * KERNEL_MS["fwdbwd"], 2 * KERNEL_MS["fwd"]]
     rotated = [one_round[i:] + one_round[:i] for i in range(3)]
@@ -171,6 +173,7 @@ def test_paired_graphs_replay_every_candidate_interleaved(monkeypatch):
     assert len(flushes) == 3 * 4
     before = len(fake.log)
     out = metrics.host_overhead(fake.build, "bwd", calls=2, graphs=got["base"])
+    assert out["graph_bwd_blocks_us"] == got["base"]["graph_bwd_blocks_us"]  # kept beside the paired figures
     assert [e for e in fake.log[before:] if e[0] != "bwd"] == []  # its wall-time calls only: no capture, no replay
     assert out["graphs_paired"] and out["graph_bwd_us"] == pytest.approx(380.0)
     assert out["graph_us"] == out["graph_bwd_us"]

@@ -236,10 +236,12 @@ def test_baseline_checks_compare_long_rows_eager_and_short_rows_by_kernels():
     """Issue 18's bar against an earlier commit in the same run: a row whose baseline backward takes >= 400 us (in
     the commit's record where it has one) may be 2% slower by eager medians; a shorter one no slower by graph kernel
     time (the paired figure where both have one), or by eager medians without one."""
-    def row(name, ours_us, base_us, graphs=None, paired=False):
+    def row(name, ours_us, base_us, graphs=None, paired=False, blocks=None):
         c = {"fla_bwd": {"median_us": ours_us}, "fla_bwd@12ac0d6": {"median_us": base_us}}
         for key, g in zip(c, graphs or ()):
             c[key]["overhead"] = {"graph_bwd_us": g, **({"graphs_paired": True} if paired else {})}
+            if blocks:
+                c[key]["overhead"]["graph_bwd_blocks_us"] = blocks[key]
         return {"shape": {"name": name}, "modes": {"bwd": {"candidates": c}}}
 
     got = summary.baseline_checks([row("long", 1015.0, 1000.0), row("long-slow", 1025.0, 1000.0),
@@ -256,6 +258,13 @@ def test_baseline_checks_compare_long_rows_eager_and_short_rows_by_kernels():
     # gqa4-short took 367 us there (a kernel check however long its host-bound eager median runs here), mha-short 425.
     record = summary.record_bwd_us("fla_bwd@12ac0d6")
     assert record["gqa4-short"] < 400 <= record["mha-short"]
+    blocks = {"fla_bwd": [150.0, 152.0], "fla_bwd@12ac0d6": [151.0, 150.0]}
+    got = summary.baseline_checks([row("short-blocks", 390.0, 300.0, graphs=(151.0, 150.5), paired=True,
+                                       blocks=blocks)])
+    assert got[0]["blocks"] == [pytest.approx(150 / 151), pytest.approx(152 / 150)]
+    assert summary.check_lines({"checks": got}) == [
+        "check short-blocks fla_bwd/fla_bwd@12ac0d6, graph kernels paired (bwd): 1.003 > 1.0 -> FAIL"
+        " (over 2 blocks of its replays: 0.993-1.013)"]
     got = summary.baseline_checks([row("gqa4-short", 400.0, 650.0, graphs=(155.0, 154.0), paired=True),
                                    row("mha-short", 301.0, 300.0, graphs=(150.0, 160.0), paired=True)])
     assert [(c["check"], round(c["ratio"], 4), c["limit"], c["pass"]) for c in got] == [
