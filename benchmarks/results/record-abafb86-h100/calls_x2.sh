@@ -18,7 +18,7 @@ case "${1:-}" in
   parts12)
     [ -n "${2:-}" ] || { echo "calls_x2.sh parts12 COMMIT" >&2; exit 2; }
     exec bash benchmarks/tools/two_gpus.sh "BENCH_COMMIT=$2 PART=1 bash benchmarks/gpu_run.sh" \
-      "BENCH_COMMIT=$2 PART=2 BENCH_TOTAL_S=500 bash benchmarks/gpu_run.sh" ;;
+      "BENCH_COMMIT=$2 PART=2 bash benchmarks/gpu_run.sh" ;;
   part3)
     [ -n "${2:-}" ] || { echo "calls_x2.sh part3 COMMIT" >&2; exit 2; }
     exec bash benchmarks/tools/two_gpus.sh "BENCH_COMMIT=$2 PART=3 bash benchmarks/gpu_run.sh" \
