@@ -13,6 +13,7 @@ benchmark of record.
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -47,9 +48,10 @@ def forcing(path: str):
 
 
 def candidates(op, shape, inputs, do, paths, base) -> list:
-    """Ours under each forced path, then the baseline package (`base`: its label and op, or None)."""
-    out = [C.Candidate(name=f"fla_bwd[{p}]", forward=lambda: op.call(parallel_attn, inputs, shape),
-                       leaves=C.leaves_of(inputs), do=do, ctx=forcing(p), kind="ours") for p in paths]
+    """Ours under each forced path (`candidates.ours`, its context `forcing`), then the baseline package (`base`:
+    its label and op, or None)."""
+    out = [dataclasses.replace(C.ours(parallel_attn, op.call, inputs, shape, do, None), name=f"fla_bwd[{p}]",
+                               ctx=forcing(p)) for p in paths]
     if base is not None:
         out.append(C.baseline(*base, op.call, inputs, shape, do))
     return out

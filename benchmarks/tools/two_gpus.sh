@@ -15,13 +15,13 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/two_gpus_out}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ "$gpus" -ge 2 ] || { echo "two_gpus.sh: needs two GPUs, nvidia-smi lists $gpus" >&2; exit 2; }
+jobs=("$1" "$2")
 pids=()
 for i in 0 1; do
   mkdir -p "$OUT/gpu$i"
   [ "$i" = 1 ] && sleep "${DELAY_S:-45}"
-  job=$([ "$i" = 0 ] && echo "$1" || echo "$2")
-  echo "[two_gpus +$SECONDS s] GPU $i: $job"
-  CUDA_VISIBLE_DEVICES=$i OUT=$OUT/gpu$i bash -c "$job" > "$OUT/gpu$i/job.log" 2>&1 &
+  echo "[two_gpus +$SECONDS s] GPU $i: ${jobs[$i]}"
+  CUDA_VISIBLE_DEVICES=$i OUT=$OUT/gpu$i bash -c "${jobs[$i]}" > "$OUT/gpu$i/job.log" 2>&1 &
   pids+=($!)
 done
 rc=0
