@@ -110,6 +110,49 @@ def test_hopper_dispatch(kw, auto, forced, monkeypatch):
         from_ds.five_product_chunk(_shape(**kw), True, "auto", False)
 
 
+@pytest.mark.parametrize("kw,auto", [  # (split, chunk) of "auto" on the Hopper kernel, or None for seven products
+    (dict(B=4, T=512, W=512), (1, 1)),  # mha-short: five products from `config.FIVE_PRODUCT_MIN_T_HOPPER` (#74)
+    (dict(B=4, T=512, W=512, H=8), (2, 2)),  # gqa4-short: two shares balance its items (`gluon_dkv.split_for`)
+    (dict(T=1024, W=1024, dtype=f16), (1, 1)),
+    (dict(T=384, W=384), None),  # under it
+    (dict(T=1024, W=1024, g_dtype=torch.float32), None),  # gated: from `config.FIVE_PRODUCT_MIN_T` only
+    (dict(T=1024, W=512), None),  # windows: not measured faster
+], ids=["mha-T512", "g4-T512", "fp16-T1024", "T384", "gated-T1024", "window"])
+def test_shorter_ungated_calls_on_the_hopper_kernel(kw, auto, monkeypatch):
+    """Below `config.FIVE_PRODUCT_MIN_T`, "auto" takes five products for ungated dense calls only where the Hopper
+    kernel runs them (faked on here): not on the Triton kernel, nor under inline NaN/Inf containment, nor on
+    inputs TMA cannot read."""
+    monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
+    monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
+    monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
+    monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
+    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None if aligned else "unaligned")
+    monkeypatch.setattr(config, "sm_count", lambda device: 132)
+    monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)  # Triton's five products too
+    s = _shape(**kw)
+    expected = None if auto is None else from_ds.FiveProduct(*auto, True)
+    assert from_ds.five_product_chunk(s, True, "auto", True) == expected
+    assert from_ds.five_product_chunk(s, True, "auto", False) is None  # unaligned: no Hopper kernel, seven
+    with ds_kernel("triton"):
+        assert from_ds.five_product_chunk(s, True, "auto", True) is None
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
+    assert from_ds.five_product_chunk(s, True, "auto", True) is None
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", [Case(B=2, T=1024, HQ=8, H=2, K=128, dtype=bf16),
+                                  Case(B=2, T=512, HQ=16, H=16, K=128, dtype=f16)], ids=["g4-T1024", "mha-T512"])
+def test_auto_takes_it_on_shorter_ungated_rows(case, monkeypatch):
+    """"auto" on ungated calls from `config.FIVE_PRODUCT_MIN_T_HOPPER` on (two-launch containment): five products on
+    the Hopper kernel, against the oracle (#74)."""
+    monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
+    monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
+    assert not config.contain_inline(case.B, case.HQ, case.T, case.T, case.K)
+    spy = HopperSpy(monkeypatch)
+    check_against_oracle(case)
+    assert spy.hopper == [True], spy.hopper
+
+
 @pytest.mark.parametrize("kernel", ["auto", "triton"])
 def test_default_budget_keeps_g8_t16384_on_seven_products(kernel, monkeypatch):
     """Issue 18's peak-memory bar: a G8 B1 T16384 dense backward at the default budget stores no dS tiles (one head

@@ -52,7 +52,7 @@ TILE_CONFIGS = {
 DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
 # Where "auto" takes the five-product backward (`from_ds.five_product_chunk`): dense full-causal calls at head dims
 # 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`, with a split if needed). They won
-# there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost, shorter rows are host-bound.
+# there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost. Shorter: `FIVE_PRODUCT_MIN_T_HOPPER`.
 FIVE_PRODUCT_MIN_T = 2048
 # Whether "auto" takes it for gated calls too (where the Hopper kernel runs them, in eager calls whose forward then
 # stores o's rounding residual, `from_ds.needs_exact_o`): faster than seven products on the H200, backward alone and
@@ -62,6 +62,9 @@ FIVE_PRODUCT_GATED = True
 # its kernels win on every row (33-96 us at T = 2048), and eager T = 2048 calls follow them: interleaved with
 # Triton's blocks, no Hopper block stalled on the host more than Triton's (PERF.md #42w, #42x, #43, #44).
 HOPPER_DKV_MIN_T = 2048
+# Ungated calls shorter than both lengths above take five products from this length on where the Hopper kernel runs
+# them: 13-21% less graph kernel time at T = 512 on the H100, for ~20 us more host time (PERF.md #74).
+FIVE_PRODUCT_MIN_T_HOPPER = 512
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096) (#42q).
 FIVE_PRODUCT_SPLITS = (1, 4, 2)

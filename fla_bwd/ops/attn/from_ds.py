@@ -209,8 +209,8 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     each of the SPLIT shares of every group (share p: heads p * G / SPLIT ...), from their stored dS tiles
     (NUM_BANDS = B * H * SPLIT * CHUNK bands of NTILE tiles, the dK/dV kernel's order). Each key tile is
     loaded once for both blocks (the K reads through L2 were the kernel's limit, PERF.md #42l); each block's sum
-    runs over its tiles in a fixed order: the window edge and the diagonals (tiles either block sees in part), then
-    the tiles both see whole, in key order within each range. USE_G: also the query side of the gate's gradient
+    runs over its tiles in a fixed order: the window edge and the diagonals (tiles either block sees in part) in key
+    order, then the tiles both see whole from the highest key down. USE_G: also the query side of the gate's gradient
     into dgc_q `[HQ, B * T]` (fp32, `_row_sums`), and per key tile this program's sums of the key side into
     dgk_part `[programs a band, NUM_BANDS, T]` (fp32, `_key_sums`; `key_side_kernel` adds them up)."""
     i_band = tl.program_id(0) % NUM_BANDS
@@ -259,7 +259,8 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     o_ds = o_r[:, None] * BQ + o_c[None, :]
     o_kr = o_r[:, None] * (H * K) + tl.arange(0, BK)[None, :]
     m_k = (tl.arange(0, BK) < K)[None, :]
-    for i_j in range(m, hi_a):
+    for i_t in range(m, hi_a):
+        i_j = m + hi_a - 1 - i_t  # newest tiles first: the dK/dV launch stored them last, so some are still in L2
         # [BT, BK]
         b_k = tl.load(k_base + tl.cast(i_j, tl.int64) * (BT * H * K) + o_kr, mask=m_k, other=0)
         # [BT, BQ]
@@ -400,7 +401,8 @@ class FiveProduct(NamedTuple):
 def _hopper(s, aligned: bool) -> bool:
     """Whether this five-product backward (an `eligible`, dense call) runs the Hopper dK/dV kernel. FLA_BWD_DS_KERNEL
     "auto": where it can (`gluon_dkv.why_not`, and two-launch containment: it is the FLAG launch) from
-    `config.HOPPER_DKV_MIN_T` on; "hopper": wherever it can, and ValueError where it cannot; "triton": never."""
+    `config.HOPPER_DKV_MIN_T` on (ungated: from `config.FIVE_PRODUCT_MIN_T_HOPPER`); "hopper": wherever it can,
+    and ValueError where it cannot; "triton": never."""
     forced = settings.forced_ds_kernel()
     if forced == "triton":
         return False
@@ -409,7 +411,8 @@ def _hopper(s, aligned: bool) -> bool:
         why = "it is the first of two containment launches, and this call contains NaN/Inf inline"
     if forced == "hopper" and why is not None:
         raise ValueError(f"ds kernel 'hopper' (FLA_BWD_DS_KERNEL) cannot run this backward: {why}")
-    return why is None and (forced == "hopper" or s.T >= config.HOPPER_DKV_MIN_T)
+    long_enough = s.T >= (config.HOPPER_DKV_MIN_T if s.g_dtype is not None else config.FIVE_PRODUCT_MIN_T_HOPPER)
+    return why is None and (forced == "hopper" or long_enough)
 
 
 def band_bytes(T: int, W: int, D: int, gated: bool) -> int:
@@ -449,13 +452,16 @@ def _auto_five(s, aligned: bool) -> Optional[FiveProduct]:
     """How "auto" runs this (eligible, dense) call with five products, or None for seven: where they measured
     faster (`config`): full causal, head dims 65-128, long enough, gated calls only on the Hopper kernel and where
     `config.FIVE_PRODUCT_GATED` allows, ungated calls on the Triton kernel only on GPUs of at least
-    `config.TRITON_FIVE_MIN_TBPS`, and the first of `_busy_splits` whose dS tiles fit the budget."""
+    `config.TRITON_FIVE_MIN_TBPS`, shorter ungated calls (`config.FIVE_PRODUCT_MIN_T_HOPPER`) on the Hopper kernel
+    only, and the first of `_busy_splits` whose dS tiles fit the budget."""
     D = max(s.K, s.V)
-    if not (64 < D <= 128 and s.W >= s.T and s.T >= config.FIVE_PRODUCT_MIN_T):
+    if not (64 < D <= 128 and s.W >= s.T and s.T >= min(config.FIVE_PRODUCT_MIN_T, config.FIVE_PRODUCT_MIN_T_HOPPER)):
         return None
     if s.g_dtype is not None and not config.FIVE_PRODUCT_GATED:
         return None
     hopper = _hopper(s, aligned)
+    if s.T < config.FIVE_PRODUCT_MIN_T and not (hopper and s.g_dtype is None):
+        return None  # measured faster there: ungated on the Hopper kernel (PERF.md #74)
     if s.g_dtype is not None and not hopper:
         return None  # the gated Triton dK/dV kernel lost: gqa4-long-gated 801 against seven's 650 us (PERF.md #47)
     budget = settings.ds_budget_bytes()

@@ -174,6 +174,8 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                     b_pt = gl.where((key0 + o_key)[:, None] <= (qi * BQ_C + o_q)[None, :], b_pt, 0.0)
                 acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A), b_do, acc_dv, is_async=True)
                 b_dpt = warpgroup_mma_wait(num_outstanding=1, deps=(tok_dp,))  # dV stays in flight
+                if (CHUNK > 1) & (c == CHUNK - 1) & (qi == T // BQ_C - 1):  # the item's K/V are read for the
+                    mbarrier.arrive(kv_empty.index(0), count=1)  # last time: the next item's copies run under its end
                 b_delta = delta_smem.index(s).load(gl.SliceLayout(0, MMA_S))
                 b_ds = (b_pt * (b_dpt - b_delta[None, :])).to(dtype)
                 if (i_wg == 0) | (qi > 2 * m):  # tile (qi, 2m + i_wg) is in the band (`from_ds.ds_layout`, causal)
@@ -187,7 +189,8 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                 acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
-        mbarrier.arrive(kv_empty.index(0), count=1)
+        if CHUNK == 1:  # one-head items released early lost: mha-long +2.3% (PERF.md #74)
+            mbarrier.arrive(kv_empty.index(0), count=1)
         # The FLAG launch's flag of this 64-key tile (the Triton kernel's program index): dK or dV not finite.
         bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
         gl.store(nonfinite + i_b * (H * SPLIT) + i_head + (2 * m + i_wg) * (B * H * SPLIT), gl.max(bad, 0).to(gl.int8))
