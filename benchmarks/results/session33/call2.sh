@@ -46,7 +46,7 @@ timeout -s TERM "$(left 120)" python3 -u -m benchmarks.ops.run --shapes "$SHORT"
 echo "rc $? ($(( $(date +%s) - T0 )) s)"
 grep -E "^check|^  [a-z0-9-]+ +bwd" "$LOGS/short.log" | cut -c1-400
 echo "== launches of one step, HEAD and 12ac0d6 (limit $(left 60) s)"
-timeout "$(left 60)" python3 benchmarks/results/session33/launches.py .baseline/fla_bwd_12ac0d6 > "$LOGS/launches.log" 2>&1
+PYTHONPATH=$ROOT:$PYTHONPATH timeout "$(left 60)" python3 benchmarks/results/session33/launches.py .baseline/fla_bwd_12ac0d6 > "$LOGS/launches.log" 2>&1
 echo "rc $? ($(( $(date +%s) - T0 )) s)"; cut -c1-120 "$LOGS/launches.log"
 lim=$(left 200)
 echo "== kv_chunked_hot: GPU tests (limit $lim s)"

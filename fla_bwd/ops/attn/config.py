@@ -63,7 +63,7 @@ FIVE_PRODUCT_GATED = True
 # Triton's blocks, no Hopper block stalled on the host more than Triton's (PERF.md #42w, #42x, #43, #44).
 HOPPER_DKV_MIN_T = 2048
 # Ungated calls shorter than both lengths above take five products from this length on where the Hopper kernel runs
-# them: 13-21% less graph kernel time at T = 512 on the H100, for ~20 us more host time (PERF.md #74).
+# them: 13-21% less graph kernel time at T = 512 on the H100, for 8-24 us more host time, still under it (PERF.md #74).
 FIVE_PRODUCT_MIN_T_HOPPER = 512
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096) (#42q).
