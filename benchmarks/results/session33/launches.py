@@ -45,7 +45,7 @@ def main():
         got = {"HEAD": [], label: []}
         for _ in range(ROUNDS):
             for name, fn in (("HEAD", parallel_attn), (label, base)):
-                def step(fn=fn):
+                def step(fn=fn, inputs=inputs, shape=shape, leaves=leaves, do=do):
                     torch.autograd.grad(op.call(fn, inputs, shape), leaves, do)
                 got[name] += launches(step)
         print(f"== {row}: median us of each launch of a step (fwd + bwd), {ROUNDS} x {ITERS} steps")
