@@ -77,6 +77,16 @@ def test_out_of_scope_calls_say_why():
         assert "16-byte aligned" in gluon_dkv.why_not(_shape(device=cuda), cuda, False)
 
 
+def _fake_hopper_scope(monkeypatch) -> None:
+    """The dispatch's settings at their defaults and the Hopper kernel's scope faked on (at 132 SMs, on inputs TMA
+    can read), on any machine; Triton's five products allowed too (the H200's bandwidth)."""
+    for name in ("FLA_BWD_DQ_PATH", "FLA_BWD_DS_BUDGET_MIB", "FLA_BWD_DS_KERNEL", "FLA_BWD_CONTAINMENT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None if aligned else "unaligned")
+    monkeypatch.setattr(config, "sm_count", lambda device: 132)
+    monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)
+
+
 @pytest.mark.parametrize("kw,auto,forced", [  # (split, chunk, hopper) under "auto", and with "hopper" forced
     (dict(), (1, 1, True), (1, 1)),  # MHA B2 T2048 (HOPPER_DKV_MIN_T)
     (dict(H=8), (1, 4, True), (1, 4)),  # gqa4-long: balanced unsplit
@@ -89,12 +99,7 @@ def test_hopper_dispatch(kw, auto, forced, monkeypatch):
     """Where the kernel can run (faked on here, at 132 SMs): "auto" takes it from `config.HOPPER_DKV_MIN_T` on with
     its own split, "hopper" at any length, "triton" never; inline containment (it is a FLAG launch) keeps Triton
     under "auto" and makes a forced "hopper" raise."""
-    monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
-    monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
-    monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
-    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None if aligned else "unaligned")
-    monkeypatch.setattr(config, "sm_count", lambda device: 132)
-    monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)  # Triton's five products too
+    _fake_hopper_scope(monkeypatch)
     assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*auto)
     with ds_kernel("hopper"):
         assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*forced, True)
@@ -122,13 +127,7 @@ def test_shorter_ungated_calls_on_the_hopper_kernel(kw, auto, monkeypatch):
     """Below `config.FIVE_PRODUCT_MIN_T`, "auto" takes five products for ungated dense calls only where the Hopper
     kernel runs them (faked on here): not on the Triton kernel, nor under inline NaN/Inf containment, nor on
     inputs TMA cannot read."""
-    monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
-    monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
-    monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
-    monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
-    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None if aligned else "unaligned")
-    monkeypatch.setattr(config, "sm_count", lambda device: 132)
-    monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)  # Triton's five products too
+    _fake_hopper_scope(monkeypatch)
     s = _shape(**kw)
     expected = None if auto is None else from_ds.FiveProduct(*auto, True)
     assert from_ds.five_product_chunk(s, True, "auto", True) == expected
