@@ -8,6 +8,8 @@ Refuses (exit 2, one line saying why) unless: every file is a part of the same s
 present); every part ran the same code (same source fingerprint; same commit wherever a commit is known); part 1 ran
 the gate and it was green, and every later part inherited that green gate or deferred to part 1 (none red or
 skipped); the parts agree on op, timer, A/B, repeats, iters, FA3 calls and peers; no shape is measured twice.
+`--fill FILE` (repeatable): an unsplit run of the same code (same fingerprint and commit, its own green gate, the same
+settings) measures shapes of the split that no part reported (a part stopped early); it fills only those.
 Writes OUT_DIR/summary.json (the parts' results in the registry's order, every part's environment and command under
 `parts`, geomeans and checks recomputed over the merged shapes), then summary.md and peer_ratios.png (report.py).
 """
@@ -114,21 +116,61 @@ def check_parts(parts: list, names: list) -> None:
             seen[s] = n
 
 
-def merge(parts: list, names: list = None) -> dict:
-    """One record from the parts (see the module docstring); raises MergeError when they do not belong together."""
+def check_fills(fills: list, fill_names: list, parts: list) -> None:
+    """Each fill ran the parts' code under a green gate of its own, with their settings, and measured only shapes of
+    the split that no part reported."""
+    first = parts[0]
+    fp = first.get("env", {}).get("source_fingerprint")
+    commit = next((c for c in (_commit(d.get("env", {})) for d in parts) if c), None)
+    split = set(first["part"].get("all_shapes") or [])
+    measured = {r["shape"]["name"] for d in parts for r in d.get("results", [])}
+    for d, n in zip(fills, fill_names):
+        if d.get("part"):
+            raise MergeError(f"fill {n} is part {d['part'].get('index')} of a split: give parts as parts")
+        if d.get("env", {}).get("source_fingerprint") != fp:
+            raise MergeError(f"fill {n} ran different code (source fingerprint "
+                             f"{d.get('env', {}).get('source_fingerprint')}, the parts' {fp})")
+        c = _commit(d.get("env", {}))
+        if c and commit and not _same_commit(c, commit):
+            raise MergeError(f"fill {n} comes from a different commit: {c}, the parts' {commit}")
+        g = d.get("gate", {})
+        if g.get("skipped") or g.get("status") != "green" or g.get("file") != first.get("gate", {}).get("file"):
+            raise MergeError(f"fill {n} gate is {g.get('status')!r} over {g.get('file')!r}: a fill needs its own "
+                             f"green gate over the parts' files")
+        for key in ("op", "timer", "smoke", "schema"):
+            if json.dumps(d.get(key)) != json.dumps(first.get(key)):
+                raise MergeError(f"fill {n} differs from the parts in {key}")
+        for key in SAME_SETTINGS:
+            if json.dumps(d.get("settings", {}).get(key)) != json.dumps(first.get("settings", {}).get(key)):
+                raise MergeError(f"fill {n} ran with a different --{key.replace('_', '-')}")
+        for r in d.get("results", []):
+            s = r["shape"]["name"]
+            if s not in split:
+                raise MergeError(f"fill {n} measured {s}, which is in no part of the split")
+            if s in measured:
+                raise MergeError(f"shape {s} measured in both a part and fill {n}")
+            measured.add(s)
+
+
+def merge(parts: list, names: list = None, fills: list = (), fill_names: list = None) -> dict:
+    """One record from the parts and fills (see the module docstring); raises MergeError when they do not belong
+    together."""
     names = names or [f"part#{i + 1}" for i in range(len(parts))]
+    fill_names = fill_names or [f"fill#{i + 1}" for i in range(len(fills))]
     check_parts(parts, names)
+    check_fills(list(fills), fill_names, parts)
     pairs = sorted(zip(parts, names), key=lambda x: x[0]["part"]["index"])
     first = pairs[0][0]
     order = list(first["part"].get("all_shapes") or [])
     pos = {n: i for i, n in enumerate(order)}
-    results = [r for d, _ in pairs for r in d.get("results", [])]
+    results = [r for d, _ in pairs for r in d.get("results", [])] + [r for d in fills for r in d.get("results", [])]
     results.sort(key=lambda r: pos.get(r["shape"]["name"], len(pos)))
+    measured = {r["shape"]["name"] for r in results}
     skipped = {}
     for d, _ in pairs:
         for s, why in d.get("skipped_shapes", {}).items():
-            skipped[s] = f"part {d['part']['index']}: {why}"
-    measured = {r["shape"]["name"] for r in results}
+            if s not in measured:  # a fill measured it
+                skipped[s] = f"part {d['part']['index']}: {why}"
     for d, _ in pairs:
         for s in d["part"].get("shapes", []):
             if s not in measured and s not in skipped:
@@ -138,8 +180,8 @@ def merge(parts: list, names: list = None) -> dict:
             skipped[s] = "in no part"
     modes = [m for m in MODES if any(m in r.get("modes", {}) for r in results)]
     env = dict(first.get("env", {}))
-    env["command"] = " ; ".join(f"[part {d['part']['index']}/{d['part']['of']}] {d.get('env', {}).get('command')}"
-                                for d, _ in pairs)
+    env["command"] = " ; ".join([f"[part {d['part']['index']}/{d['part']['of']}] {d.get('env', {}).get('command')}"
+                                 for d, _ in pairs] + [f"[fill] {d.get('env', {}).get('command')}" for d in fills])
     env["started"] = first.get("env", {}).get("started")
     gate = dict(first.get("gate", {}))
     gate["parts"] = {str(d["part"]["index"]): d.get("gate", {}).get("status") for d, _ in pairs}
@@ -154,8 +196,12 @@ def merge(parts: list, names: list = None) -> dict:
                    "estimate_s": d["part"].get("estimate_s"), "elapsed_s": d.get("elapsed_s"),
                    "partial": d.get("partial"), "gate": d.get("gate"), "env": d.get("env"),
                    "command": d.get("env", {}).get("command")} for d, n in pairs],
-        "merged": {"files": [n for _, n in pairs], "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "shapes": len(results)},
-        "elapsed_s": round(sum(d.get("elapsed_s") or 0.0 for d, _ in pairs), 1),
+        "fills": [{"file": n, "shapes": [r["shape"]["name"] for r in d.get("results", [])],
+                   "elapsed_s": d.get("elapsed_s"), "gate": d.get("gate"), "env": d.get("env"),
+                   "command": d.get("env", {}).get("command")} for d, n in zip(fills, fill_names)],
+        "merged": {"files": [n for _, n in pairs] + list(fill_names), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   "shapes": len(results)},
+        "elapsed_s": round(sum(d.get("elapsed_s") or 0.0 for d in [d for d, _ in pairs] + list(fills)), 1),
     }
     out["geomean"] = summary.aggregate(results, modes)  # over the merged shapes, never the parts' own
     out["checks"] = summary.checks(results, modes)  # the gated twins may sit in different parts
@@ -166,20 +212,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("parts", nargs="+", help="the parts' summary-partK.json files")
     ap.add_argument("--out-dir", required=True, help="writes summary.json, summary.md, peer_ratios.png here")
+    ap.add_argument("--fill", action="append", default=[], metavar="FILE",
+                    help="an unsplit run of the same code measuring shapes no part reported (repeatable)")
     ap.add_argument("--anchors", default=None, help="peer anchors JSONL (report.py --anchors)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--print-mode", default="bwd", help="print this mode's table last (default bwd; '' for none)")
     a = ap.parse_args(argv)
-    parts = []
-    for path in a.parts:
+    loaded = []
+    for path in a.parts + a.fill:
         try:
             with open(path) as f:
-                parts.append(json.load(f))
+                loaded.append(json.load(f))
         except (OSError, ValueError) as e:
             print(f"error: cannot read {path}: {e}", file=sys.stderr)
             return 2
+    parts, fills = loaded[:len(a.parts)], loaded[len(a.parts):]
     try:
-        data = merge(parts, list(a.parts))
+        data = merge(parts, list(a.parts), fills, list(a.fill))
     except MergeError as e:
         print(f"error: not merged: {e}", file=sys.stderr)
         return 2
@@ -190,6 +239,7 @@ def main(argv=None) -> int:
         json.dump(data, f, indent=1, default=str)
     os.replace(tmp, path)
     print(f"wrote {path}: {len(data['results'])} shapes from {len(parts)} parts"
+          + (f" and {len(fills)} fill(s)" if fills else "")
           + (f"; not run: {', '.join(data['skipped_shapes'])}" if data["skipped_shapes"] else ""))
     from benchmarks import report
 

@@ -95,14 +95,22 @@ def markdown(data: dict) -> str:
     ]
     if data.get("parts"):
         run[4] = f"- commands: {len(data['parts'])} parts of a split run, merged by benchmarks/merge.py"
+        fill_shapes = {s for f in data.get("fills") or [] for s in f["shapes"]}
         for p in data["parts"]:
             e = p.get("env") or {}
             g = p.get("gate") or {}
             gs = g.get("status") if not g.get("inherited") else f"{g.get('status')} (inherited from part 1)"
-            run.append(f"- part {p['index']}/{p['of']}: {len(p.get('shapes') or [])} shapes, "
-                       f"{p.get('elapsed_s')} s (estimate {p.get('estimate_s')} s), gate {gs}, started "
+            filled = [s for s in p.get("shapes") or [] if s in fill_shapes]
+            run.append(f"- part {p['index']}/{p['of']}: {len(p.get('shapes') or [])} shapes"
+                       + (f" ({', '.join(filled)} not reported, measured by a fill)" if filled else "")
+                       + f", {p.get('elapsed_s')} s (estimate {p.get('estimate_s')} s), gate {gs}, started "
                        f"{e.get('started')} on {e.get('gpu')} {e.get('host')}, fingerprint "
                        f"{e.get('source_fingerprint')}: `{p.get('command')}`")
+        for f in data.get("fills") or []:
+            e, g = f.get("env") or {}, f.get("gate") or {}
+            run.append(f"- fill {f['file']}: {', '.join(f['shapes'])}, {f.get('elapsed_s')} s, gate {g.get('status')}"
+                       f" (its own run), started {e.get('started')} on {e.get('gpu')} {e.get('host')}, fingerprint "
+                       f"{e.get('source_fingerprint')}: `{f.get('command')}`")
     if env.get("collect_env") and "error" not in env["collect_env"]:
         run.append("- environment: torch.utils.collect_env, recorded whole in the JSON under `env.collect_env`")
     run += [

@@ -152,6 +152,54 @@ def test_merge_missing_part_and_unreported_shape():
     assert merged["partial"] and "g8-T8192-gated" in merged["skipped_shapes"]
 
 
+def fill_of(ps, names=("mha-short",)):
+    """An unsplit run of part 1's code and settings, its own gate green, measuring `names`."""
+    d = copy.deepcopy(ps[0])
+    full = {r["shape"]["name"]: r for p in ps for r in p["results"]}
+    d.pop("part")
+    d["results"] = [copy.deepcopy(full[n]) for n in names]
+    d["env"] = dict(d["env"], command="python3 -m benchmarks.ops.run --shapes " + ",".join(names), started="tf")
+    d["gate"] = {"status": "green", "skipped": False, "file": ps[0]["gate"]["file"]}
+    d["elapsed_s"] = 7.0
+    return d
+
+
+def test_merge_fill_completes_a_part_that_stopped_early():
+    full = synthetic()
+    ps = parts_of(full)
+    fill = fill_of(ps)
+    ps[0]["results"] = [r for r in ps[0]["results"] if r["shape"]["name"] != "mha-short"]  # part 1 stopped early
+    assert "mha-short" in M.merge(copy.deepcopy(ps))["skipped_shapes"]
+    merged = M.merge(ps, ["a.json", "b.json"], [fill], ["f.json"])
+    assert [r["shape"]["name"] for r in merged["results"]] == ["g8-T8192", "mha-short", "g8-T8192-gated"]
+    assert not merged["partial"] and not merged["skipped_shapes"]
+    assert merged["geomean"] == full["geomean"] and merged["checks"] == full["checks"]
+    assert merged["fills"][0]["file"] == "f.json" and merged["fills"][0]["shapes"] == ["mha-short"]
+    assert merged["env"]["command"].endswith("[fill] python3 -m benchmarks.ops.run --shapes mha-short")
+    assert merged["merged"]["files"] == ["a.json", "b.json", "f.json"] and merged["elapsed_s"] == 37.0
+
+
+@pytest.mark.parametrize("spoil,needle", [
+    (lambda ps, f: None, "measured in both a part and fill"),  # part 1 reported it
+    (lambda ps, f: f["env"].update(source_fingerprint="ffffffffffffffff"), "different code"),
+    (lambda ps, f: f["env"].update(bench_commit="0" * 40), "different commit"),
+    (lambda ps, f: f["gate"].update(status="deferred"), "own green gate"),
+    (lambda ps, f: f["gate"].update(status="red"), "own green gate"),
+    (lambda ps, f: f["gate"].update(file="tests/ops/test_attn_sink.py"), "own green gate"),
+    (lambda ps, f: f["settings"].update(repeats=3), "different --repeats"),
+    (lambda ps, f: f.update(part=dict(ps[0]["part"])), "give parts as parts"),
+    (lambda ps, f: f["results"][0]["shape"].update(name="gqa4-long"), "in no part of the split"),
+])
+def test_merge_fill_refuses(spoil, needle):
+    ps = parts_of(synthetic())
+    fill = fill_of(ps)
+    if needle != "measured in both a part and fill":
+        ps[0]["results"] = [r for r in ps[0]["results"] if r["shape"]["name"] != "mha-short"]
+    spoil(ps, fill)
+    with pytest.raises(M.MergeError, match=needle.replace("-", r"\-")):
+        M.merge(ps, None, [fill])
+
+
 def test_merge_cli(tmp_path):
     paths = []
     for k, d in enumerate(parts_of(synthetic()), 1):
@@ -174,6 +222,23 @@ def test_merge_cli(tmp_path):
                            "--out-dir", str(tmp_path / "no")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "not merged" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "no" / "summary.json").exists()
+
+
+def test_merge_cli_fill(tmp_path):
+    ps = parts_of(synthetic())
+    fill = fill_of(ps)
+    ps[0]["results"] = [r for r in ps[0]["results"] if r["shape"]["name"] != "mha-short"]
+    paths = []
+    for k, d in enumerate(ps + [fill], 1):
+        paths.append(tmp_path / f"s{k}.json")
+        paths[-1].write_text(json.dumps(d))
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "merge.py"), str(paths[0]), str(paths[1]),
+                           "--fill", str(paths[2]), "--out-dir", str(tmp_path / "m"), "--no-plot"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 shapes from 2 parts and 1 fill(s)" in proc.stdout
+    md = (tmp_path / "m" / "summary.md").read_text()
+    assert "(mha-short not reported, measured by a fill)" in md and f"- fill {paths[2]}: mha-short" in md
 
 
 # ------------------------------------------------------------------ a tiny split run through the runner
