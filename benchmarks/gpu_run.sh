@@ -112,6 +112,11 @@ unset TRITON_INTERPRET FLA_BWD_DKV_PATH
   $PY -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tail -n 2 || true
 } > "$OUT/logs/env.log" 2>&1
 say "$(grep -m1 '^torch' "$OUT/logs/env.log")"
+# Anything else on the GPU or the host colours the times (eager rows are host-bound at T <= 2048): say so up front.
+OTHERS=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null | tr '\n' ';')
+BUSY=$(ps -eo pid=,pcpu=,comm= --sort=-pcpu 2>/dev/null | awk -v me=$$ '$1 != me && $2 >= 20 {printf "%s(%s%%) ", $3, $2}')
+say "before the run: load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null); other GPU processes: ${OTHERS:-none};" \
+    "busy processes: ${BUSY:-none}"
 if [ ${#BASELINE_ARGS[@]} -gt 0 ]; then
   say "baseline $BASELINE: commit $(cat "$BASELINE/BASELINE_COMMIT" 2>/dev/null || echo '(no BASELINE_COMMIT)')"
 elif [ -n "$BASELINE" ]; then

@@ -45,6 +45,7 @@ G4 = dict(B=4, T=512, HQ=32, H=8, D=128)
 ROWS = {  # bf16; g = logsigmoid(randn) [B, T, HQ] fp32; sink_bias randn [HQ] fp32; cu_seqlens int32 on the device
     "mha-short": dict(B=4, T=512, HQ=32, H=32, D=128), "gqa4-short": G4,
     "gqa4-long": dict(B=2, T=2048, HQ=32, H=8, D=128), "gqa4-short-gated": dict(G4, gate=True),
+    "gqa4-long-gated": dict(B=2, T=2048, HQ=32, H=8, D=128, gate=True),  # issue 18's gated bar row (PERF.md #75)
     "varlen-T2048": dict(B=1, T=2048, HQ=32, H=8, D=128, cu=(0, 300, 1024, 1500, 2048)),
     "gqa4-short-sink": dict(G4, sink=True),
 }
