@@ -116,7 +116,7 @@ say "$(grep -m1 '^torch' "$OUT/logs/env.log")"
 OTHERS=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>/dev/null | tr '\n' ';')
 BUSY=$(ps -eo pid=,pcpu=,comm= --sort=-pcpu 2>/dev/null | awk -v me=$$ '$1 != me && $2 >= 20 {printf "%s(%s%%) ", $3, $2}')
 say "before the run: load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null); other GPU processes: ${OTHERS:-none};" \
-    "busy processes: ${BUSY:-none}"
+    "processes over 20% CPU in their lifetime: ${BUSY:-none}"
 if [ ${#BASELINE_ARGS[@]} -gt 0 ]; then
   say "baseline $BASELINE: commit $(cat "$BASELINE/BASELINE_COMMIT" 2>/dev/null || echo '(no BASELINE_COMMIT)')"
 elif [ -n "$BASELINE" ]; then

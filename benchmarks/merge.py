@@ -47,6 +47,19 @@ def _same_commit(a: str, b: str) -> bool:
     return n >= 7 and a[:n].lower() == b[:n].lower()
 
 
+def _disagreement(runs: list):
+    """Where the runs' measurements are not comparable (op, timer, A/B, repeats, ...), in words; None if nowhere."""
+    for key in ("op", "timer", "smoke", "schema"):
+        vals = {json.dumps(d.get(key)) for d in runs}
+        if len(vals) > 1:
+            return f"differ in {key}: {sorted(vals)}"
+    for key in SAME_SETTINGS:
+        vals = {json.dumps(d.get("settings", {}).get(key)) for d in runs}
+        if len(vals) > 1:
+            return f"ran with different --{key.replace('_', '-')}: {sorted(vals)}"
+    return None
+
+
 def check_parts(parts: list, names: list) -> None:
     if not parts:
         raise MergeError("no part files given")
@@ -98,15 +111,9 @@ def check_parts(parts: list, names: list) -> None:
             raise MergeError(f"part {k} ({name_of[k]}) gate is {g.get('status')!r}: refusing to merge")
         if g.get("file") != g1.get("file"):
             raise MergeError(f"part {k} gate files {g.get('file')!r} differ from part 1's {g1.get('file')!r}")
-    # comparable measurements
-    for key in ("op", "timer", "smoke", "schema"):
-        vals = {json.dumps(d.get(key)) for d in parts}
-        if len(vals) > 1:
-            raise MergeError(f"the parts differ in {key}: {sorted(vals)}")
-    for key in SAME_SETTINGS:
-        vals = {json.dumps(d.get("settings", {}).get(key)) for d in parts}
-        if len(vals) > 1:
-            raise MergeError(f"the parts ran with different --{key.replace('_', '-')}: {sorted(vals)}")
+    bad = _disagreement(parts)
+    if bad:
+        raise MergeError(f"the parts {bad}")
     seen = {}
     for d, n in zip(parts, names):
         for r in d.get("results", []):
@@ -137,12 +144,9 @@ def check_fills(fills: list, fill_names: list, parts: list) -> None:
         if g.get("skipped") or g.get("status") != "green" or g.get("file") != first.get("gate", {}).get("file"):
             raise MergeError(f"fill {n} gate is {g.get('status')!r} over {g.get('file')!r}: a fill needs its own "
                              f"green gate over the parts' files")
-        for key in ("op", "timer", "smoke", "schema"):
-            if json.dumps(d.get(key)) != json.dumps(first.get(key)):
-                raise MergeError(f"fill {n} differs from the parts in {key}")
-        for key in SAME_SETTINGS:
-            if json.dumps(d.get("settings", {}).get(key)) != json.dumps(first.get("settings", {}).get(key)):
-                raise MergeError(f"fill {n} ran with a different --{key.replace('_', '-')}")
+        bad = _disagreement([first, d])
+        if bad:
+            raise MergeError(f"fill {n} and the parts {bad}")
         for r in d.get("results", []):
             s = r["shape"]["name"]
             if s not in split:

@@ -46,7 +46,7 @@ PGIDS=()
 for g in $(seq 0 $((NGPU - 1))); do
   [ -n "${GROUP[$g]:-}" ] || continue
   # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=$g setsid timeout "$LIMIT" python3 -m pytest -q -n "$WORKERS" ${GROUP[$g]} \
+  CUDA_VISIBLE_DEVICES=$g setsid -w timeout "$LIMIT" python3 -m pytest -q -n "$WORKERS" ${GROUP[$g]} \
     -p no:cacheprovider > "$LOGS/gpu$g.log" 2>&1 &
   PGIDS+=($!)
 done

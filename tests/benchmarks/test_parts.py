@@ -187,6 +187,7 @@ def test_merge_fill_completes_a_part_that_stopped_early():
     (lambda ps, f: f["gate"].update(status="red"), "own green gate"),
     (lambda ps, f: f["gate"].update(file="tests/ops/test_attn_sink.py"), "own green gate"),
     (lambda ps, f: f["settings"].update(repeats=3), "different --repeats"),
+    (lambda ps, f: f.update(timer="perf_counter"), "differ in timer"),
     (lambda ps, f: f.update(part=dict(ps[0]["part"])), "give parts as parts"),
     (lambda ps, f: f["results"][0]["shape"].update(name="gqa4-long"), "in no part of the split"),
 ])
