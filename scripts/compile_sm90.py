@@ -9,8 +9,9 @@ config spill" without spending device time.
     python scripts/compile_sm90.py --dims 128 --plain --loops   # + per-loop instructions and spills (SASS)
     python scripts/compile_sm90.py --hopper --loops              # the Gluon dK/dV kernel (gluon_dkv.py)
 
-`--sass-hash` adds a hash of each kernel's whole SASS: a change that must not alter the generated code (a new
-constexpr variant, a refactor) is checked by comparing the hashes before and after it.
+`--sass-hash` adds a hash of each kernel's whole SASS and one of its PTX, both blind to the source's file, line
+numbers and the kernel's name (`sass_text`, `ptx_text`): a change that must not alter the generated code (a new
+constexpr variant, a refactor) is checked by comparing the hashes before and after it (scripts/sass_diff.py).
 
 `--loops` lists, for every loop of the SASS that holds matrix products (HGMMA), its instruction count and its
 local-memory stores/loads (STL/LDL: spill traffic); then whether ptxas serialized the kernel's wgmmas (C7515).
@@ -108,6 +109,35 @@ def cuobjdump(compiled, flag: str) -> str:
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
         return subprocess.run([tool, flag, path], capture_output=True, text=True).stdout
+
+
+def sass_text(compiled) -> str:
+    """The kernel's SASS as `--sass-hash` hashes it, free of where the source is: without the `Function :` header
+    and any `//##` line-info comment, the kernel's name replaced wherever else it appears."""
+    name = compiled.metadata.name
+    lines = (re.sub(r"\s*//##.*", "", line) for line in cuobjdump(compiled, "-sass").splitlines())
+    return "\n".join(line.replace(name, "KERNEL") for line in lines if line.strip() and "Function :" not in line)
+
+
+def ptx_text(compiled) -> str:
+    """The kernel's PTX without its line information (`.loc`, `.file`, the debug sections and their labels),
+    comments and name: what the code is, whatever its file, lines and name. ptxas reads the line information, and
+    it can change register allocation and spill slots, not instructions (dK/dV at D = 128 compiled with and without
+    TRITON_DISABLE_LINE_INFO): when `sass` differs and `ptx` does not, only that changed."""
+    out = []
+    for line in compiled.asm["ptx"].splitlines():
+        if re.match(r"\s*\.(file|section\s+\.debug)", line):
+            break  # the debug sections come last
+        line = re.sub(r"//.*", "", line).rstrip()
+        if line.strip() and not re.match(r"\s*\.loc\b|\$L__(tmp|func_begin|func_end)\d+:", line):
+            out.append(line.replace(compiled.metadata.name, "KERNEL"))
+    return "\n".join(out)
+
+
+def code_hashes(compiled) -> str:
+    """`sass HASH  ptx HASH` of the kernel (`sass_text`, `ptx_text`)."""
+    h = lambda text: hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"sass {h(sass_text(compiled))}  ptx {h(ptx_text(compiled))}"
 
 
 def wgmma_serialized(compiled) -> str:
@@ -247,7 +277,7 @@ def compile_one(task: tuple) -> tuple:
     c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
     lines = [f"D={D:3d} {name:26s} {cfg} warps={nw} stages={ns}: {resource_report(c)}"]
     if sass_hash:
-        lines[0] += f"  sass {hashlib.sha256(cuobjdump(c, '-sass').encode()).hexdigest()[:16]}"
+        lines[0] += f"  {code_hashes(c)}"
     if loops:
         lines += loop_report(c)
     too_big = f"{name} D={D} {dtype_name}: {c.metadata.shared} B" if c.metadata.shared > HOPPER_SMEM_PER_BLOCK else None
@@ -267,7 +297,9 @@ def main():
     ap.add_argument("--five", action="store_true", help="the five-product backward's kernels (from_ds.py)")
     ap.add_argument("--hopper", action="store_true", help="the Gluon dK/dV kernel (gluon_dkv.py) instead")
     ap.add_argument("--loops", action="store_true", help="also list each matrix-product loop's size and spills")
-    ap.add_argument("--sass-hash", action="store_true", help="also print a hash of each kernel's whole SASS")
+    ap.add_argument("--sass-hash", action="store_true",
+                    help="also print hashes of each kernel's SASS and of its PTX, blind to file, line numbers and "
+                    "kernel name (sass_text, ptx_text)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--check-smem", action="store_true",
                     help=f"exit 1 if a kernel needs more than {HOPPER_SMEM_PER_BLOCK} B of shared memory per block")
@@ -283,7 +315,7 @@ def main():
             for gated in (False, True):
                 c = compile_hopper_sm90(getattr(torch, args.dtype), acc_in, acc_out, gated=gated)
                 print(f"hopper dkv ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated} {args.dtype}: "
-                      f"{resource_report(c)}", flush=True)
+                      f"{resource_report(c)}" + (f"  {code_hashes(c)}" if args.sass_hash else ""), flush=True)
                 if args.loops:
                     print("\n".join(loop_report(c)), flush=True)
                 if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
