@@ -1,6 +1,7 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""fla_bwd.utils: the interpreter's bf16 fix (each of its two patches is shown needed, and
-shown not to leak to another library's kernels) and its index fix (on a simulated Triton 3.6 interpreter)."""
+"""The interpreter's fixes (`fla_bwd.ops.utils.triton_private`, importable from fla_bwd.utils): the bf16 fix (each of
+its two patches is shown needed, and shown not to leak to another library's kernels; on an interpreter it does not
+recognise it changes nothing and warns) and the index fix (on a simulated Triton 3.6 interpreter)."""
 
 import os
 import subprocess
@@ -15,6 +16,7 @@ from conftest import DEVICE
 from triton.runtime.errors import InterpreterError
 
 import fla_bwd.utils as U
+from fla_bwd.ops.utils import triton_private as P
 from fla_bwd.ops.utils.cumsum import gate_cumsum
 from fla_bwd.utils import interpreter_bf16_fix, interpreter_index_fix, is_interpreter
 
@@ -233,10 +235,10 @@ def triton36_index(monkeypatch):
         scope.set_attr(tensor, "__index__", lambda self: operator.index(self.handle.data))
 
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch_lang_tensor)
-    U._index_fix_needed.cache_clear()
+    P.index_fix_needed.cache_clear()
     yield patch_lang_tensor
     monkeypatch.undo()
-    U._index_fix_needed.cache_clear()
+    P.index_fix_needed.cache_clear()
 
 
 def _count(n):
@@ -274,11 +276,56 @@ def test_launcher_enters_index_fix(triton36_index):
 
 @interpreter_only
 def test_index_fix_idle_where_not_needed():
-    U._index_fix_needed.cache_clear()
-    needed = U._index_fix_needed()
+    P.index_fix_needed.cache_clear()
+    needed = P.index_fix_needed()
     from triton.runtime import interpreter
     before = interpreter._patch_lang_tensor
     with interpreter_index_fix() as active:
         assert active is needed
         assert (interpreter._patch_lang_tensor is before) is not needed
     assert interpreter._patch_lang_tensor is before
+
+
+def test_fixes_importable_from_utils_without_importing_triton():
+    """`fla_bwd.utils` hands out the very fixes of `triton_private`, and importing it alone imports no triton."""
+    assert U.interpreter_bf16_fix is P.interpreter_bf16_fix and U.interpreter_index_fix is P.interpreter_index_fix
+    with pytest.raises(AttributeError):
+        U.no_such_name  # noqa: B018
+    code = "import sys, fla_bwd.utils; assert 'triton' not in sys.modules, 'triton imported'; print('OK')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+
+
+@interpreter_only
+def test_bf16_fix_recognises_this_interpreter():
+    assert P.bf16_fix_applies() is True
+
+
+@pytest.fixture
+def other_interpreter(monkeypatch):
+    """An interpreter whose builder's `create_dot` takes other parameters than the one the bf16 fix was written for."""
+    def create_dot(self, lhs, rhs, acc, precision, max_imprecise):
+        raise AssertionError("never called here")
+
+    monkeypatch.setattr(_builder(), "create_dot", create_dot)
+    P.bf16_fix_applies.cache_clear()
+    P._warn_bf16_unfixed.cache_clear()
+    yield create_dot
+    monkeypatch.undo()
+    P.bf16_fix_applies.cache_clear()
+    P._warn_bf16_unfixed.cache_clear()
+
+
+@interpreter_only
+def test_bf16_fix_leaves_an_unknown_interpreter_alone_and_says_so(other_interpreter):
+    assert P.bf16_fix_applies() is False
+    cast = _builder().cast_impl
+    with pytest.warns(RuntimeWarning, match="bf16 results under the interpreter may differ"):
+        with interpreter_bf16_fix() as active:
+            assert active is False
+            assert _builder().create_dot is other_interpreter and _builder().cast_impl is cast
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with interpreter_bf16_fix() as active:  # warned once a process
+            assert active is False

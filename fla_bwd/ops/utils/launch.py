@@ -15,7 +15,9 @@ allocators align what a plan allocates). A `Launch` compiles through Triton's no
 calls the compiled kernel's C launcher directly (`run`, on the current stream, with every parameter in signature
 order, tensors as their addresses), skipping the runner's per-call launch-metadata dict, which only launch hooks
 read (PERF.md #20). With a launch hook installed (a profiler), under the CPU interpreter, or with
-FLA_BWD_FAST_LAUNCH=0 (`fla_bwd.settings.set_fast_launch(False)`), every launch takes Triton's normal path instead.
+FLA_BWD_FAST_LAUNCH=0 (`fla_bwd.settings.set_fast_launch(False)`), every launch takes Triton's normal path instead;
+so does every launch on a Triton whose internals are not those the direct path was written for: every reading of
+them is in `fla_bwd.ops.utils.triton_private`, each behind a check, and this module uses only what it returns.
 """
 
 import contextlib
@@ -23,12 +25,18 @@ import warnings
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
-from triton import knobs
-from triton.runtime import _allocation
-from triton.runtime.jit import JITFunction
 
 from fla_bwd import settings
-from fla_bwd.utils import interpreter_bf16_fix, interpreter_index_fix, is_interpreter
+from fla_bwd.ops.utils import triton_private
+from fla_bwd.ops.utils.triton_private import (  # noqa: F401 - re-exported: gluon_dkv and tests import them from here
+    DescriptorLauncher,
+    descriptor_launcher,
+    interpreter_bf16_fix,
+    interpreter_index_fix,
+    jit_function,
+    knobs,
+)
+from fla_bwd.utils import is_interpreter
 
 
 class Ref(NamedTuple):
@@ -39,20 +47,6 @@ class Ref(NamedTuple):
 def aligned(x: Optional[torch.Tensor]) -> bool:
     """What Triton specialises a pointer on besides its dtype: 16-byte alignment (None counts as aligned)."""
     return x is None or x.data_ptr() % 16 == 0
-
-
-def jit_function(kernel) -> JITFunction:
-    """The JITFunction under any wrappers (triton.heuristics keeps it in `.fn`)."""
-    while not isinstance(kernel, JITFunction):
-        kernel = kernel.fn
-    return kernel
-
-
-def _hooks_empty() -> bool:
-    """Whether no launch hook is installed (a profiler such as proton installs some): only then may a launch skip
-    the compiled kernel's runner, which builds the hooks' metadata."""
-    rt = knobs.runtime
-    return all(h is None or not getattr(h, "calls", True) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
 
 
 @contextlib.contextmanager
@@ -107,6 +101,7 @@ class Launch:
         self.uses = frozenset(name for _, name in self.refs)
         # (run, function, packed metadata, values template, (index, name) tensor slots, (index, name) other slots)
         self.direct = None
+        self.probed = False  # whether `triton_private.direct_launcher` was asked (once: its answer cannot change)
 
     def kwargs(self, env: dict) -> dict:
         kwargs = dict(self.args)
@@ -126,9 +121,12 @@ class Launch:
             return
         kwargs = self.kwargs(env)
         compiled = self.kernel[self.grid](**kwargs)
-        if direct is None and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
-            run = compiled.run  # loads the module: `function` is valid after this
-            names = jit_function(self.kernel).arg_names
+        if self.probed:
+            return
+        self.probed = True
+        found = triton_private.direct_launcher(self.kernel, compiled)
+        if found is not None:
+            names = found.names
             template = [self.args.get(n) for n in names]
             slots = [(i, self.args[n].name) for i, n in enumerate(names) if isinstance(self.args.get(n), Ref)]
             for i, _ in slots:
@@ -138,7 +136,7 @@ class Launch:
             # A slot bound to a tensor now is one on every call of this plan (its key fixes which inputs are None).
             pointers = tuple((i, name) for i, name in slots if isinstance(kwargs[names[i]], torch.Tensor))
             others = tuple(slot for slot in slots if slot not in pointers)
-            self.direct = (run, compiled.function, compiled.packed_metadata, template, pointers, others)
+            self.direct = (found.run, found.function, found.packed, template, pointers, others)
 
 
 def bind(template: list, pointers: tuple, others: tuple, env: dict) -> list:
@@ -153,45 +151,6 @@ def bind(template: list, pointers: tuple, others: tuple, env: dict) -> list:
     return values
 
 
-class DescriptorLauncher(NamedTuple):
-    """What `descriptor_launcher` finds under a compiled kernel's `run`."""
-    launch: Callable  # the C launcher: (grid x, y, z, stream, function, cooperative, PDL, 2 scratch buffers, packed
-    # metadata, launch metadata, 2 hooks, then every parameter with each descriptor expanded)
-    positions: frozenset  # the parameters (signature positions) that are host tensor descriptors
-    metas: tuple  # their metadata, in parameter order
-    expand: Callable  # (descriptor, its metadata) -> what replaces it in the C launcher's arguments
-    cooperative: bool
-    pdl: bool
-
-
-def descriptor_launcher(run) -> Optional[DescriptorLauncher]:
-    """The C launcher under Triton 3.6's wrapper for kernels that take host tensor descriptors, where a caller may
-    reuse a descriptor's expansion instead of letting the wrapper make it again at every launch.
-
-    Triton 3.6 (`triton.backends.nvidia.driver`: `CudaLauncher`, `wrap_handle_tensordesc`) hands each launch to a
-    Python closure that replaces every descriptor by `make_tensordesc_arg(descriptor, metadata)` (a
-    `cuTensorMapEncodeTiled`, then the shape and strides) before calling the C launcher. That expansion depends on
-    nothing but the descriptor's fields and base address. None for any other build (another Triton release, or a
-    kernel that needs scratch buffers allocated at launch): its launches then go through `run`."""
-    try:
-        from triton.backends.nvidia import driver as nv
-    except ImportError:
-        return None
-    inner = getattr(run, "launch", None)
-    code = getattr(inner, "__code__", None)
-    if (code is None or code.co_name != "inner" or getattr(nv, "_BASE_ARGS_FORMAT_LEN", None) != 13
-            or set(code.co_freevars) != {"launcher", "tensordesc_indices", "tensordesc_meta"}
-            or getattr(run, "global_scratch_size", None) != 0 or getattr(run, "profile_scratch_size", None) != 0
-            or not callable(getattr(nv, "make_tensordesc_arg", None))):
-        return None
-    cells = {name: cell.cell_contents for name, cell in zip(code.co_freevars, inner.__closure__)}
-    positions, metas = frozenset(cells["tensordesc_indices"]), tuple(cells["tensordesc_meta"] or ())
-    if len(metas) != len(positions) or any(m is None for m in metas):
-        return None
-    return DescriptorLauncher(cells["launcher"], positions, metas, nv.make_tensordesc_arg,
-                              run.launch_cooperative_grid, run.launch_pdl)
-
-
 def _torch_scratch(size: int, alignment: int, stream: Optional[int]) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")  # the caching allocator aligns to 512 bytes
 
@@ -199,15 +158,11 @@ def _torch_scratch(size: int, alignment: int, stream: Optional[int]) -> torch.Te
 class ScratchLaunch(Launch):
     """A `Launch` of a kernel that makes device-side tensor descriptors: Triton asks its allocator for their
     global scratch at every launch, so torch's caching allocator is set around the launch (in the launching thread:
-    autograd runs a backward in its own) and the previous one restored, leaving a user's allocator as it was."""
+    autograd runs a backward in its own) and the previous one restored, leaving a user's allocator as it was
+    (`triton_private.call_with_allocator`)."""
 
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
-        previous = _allocation._allocator.get()
-        _allocation._allocator.set(_torch_scratch)
-        try:
-            super().__call__(env, device, stream)
-        finally:
-            _allocation._allocator.set(previous)
+        triton_private.call_with_allocator(_torch_scratch, super().__call__, env, device, stream)
 
 
 class Plan:
@@ -263,6 +218,9 @@ class Plan:
         for step in self.steps:
             step(env, device, stream)
         return env
+
+
+_hooks_empty = triton_private.launch_hooks_empty
 
 
 def _direct_stream(device: torch.device) -> Optional[int]:

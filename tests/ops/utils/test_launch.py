@@ -3,15 +3,23 @@
 kernel every parameter in signature order; the plan key (`host.call_of`) separates every kind of call a plan or a
 kernel specialisation depends on. The direct path itself runs only on a GPU (the GPU suite exercises it on every
 repeated call, and `tests/ops/test_attn_launch_paths.py` compares it with Triton's path); here a stand-in compiled
-kernel checks its calls."""
+kernel checks its calls. Under the CPU interpreter every launch takes Triton's public path (`kernel[grid](...)`).
+
+The fallback: `fla_bwd.ops.utils.triton_private` refuses internals that are not as it expects (stand-ins of other
+layouts here), and with every internal made unavailable a representative set of calls (forward + backward, gated
+with a window, sinks over packed sequences, the five-product backward) gives bitwise what the default path gives,
+on the GPU as on the CPU."""
+
+import types
 
 import pytest
 import torch
-from conftest import DEVICE
-from triton.runtime.jit import JITFunction
+from conftest import DEVICE, assert_close
+from triton import JITFunction
 
 import fla_bwd.ops.utils.launch as launch
 from fla_bwd import settings
+from fla_bwd.ops.utils import triton_private
 
 
 def _toy(x, y, n, scale, C: "tl.constexpr"):  # noqa: F821 - a constexpr annotation, never evaluated
@@ -168,17 +176,24 @@ def test_partial_tiles_warn_nothing_and_leave_numpy_flags(dtype, gate, sink):
     assert torch.isfinite(o).all() and torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
 
 
-def test_scratch_launch_sets_torch_allocator_and_restores_the_callers():
+@pytest.mark.parametrize("internal", [True, False], ids=["context-var", "public-set-allocator"])
+def test_scratch_launch_sets_torch_allocator_and_restores_the_callers(internal, monkeypatch):
     """A `scratch` launch (a kernel with device-side tensor descriptors) runs with torch's caching allocator as
-    Triton's scratch allocator, and leaves the caller's allocator in place afterwards, also when the launch raises."""
-    from triton.runtime import _allocation
+    Triton's scratch allocator, and leaves the caller's allocator in place afterwards, also when the launch raises:
+    through Triton's allocator variable, and through `triton.set_allocator` in a copied context where that
+    variable is not found."""
+    import triton
 
+    var = triton_private._allocator_var()
+    assert var is not None, "Triton 3.6-3.9 keep the allocator in a ContextVar"
+    if not internal:
+        monkeypatch.setattr(triton_private, "_allocator_var", lambda: None)
     seen = []
 
     class _Kernel:
         def __getitem__(self, grid):
             def run(**kwargs):
-                seen.append(_allocation._allocator.get())
+                seen.append(var.get())
                 if kwargs["fail"]:
                     raise RuntimeError("launch failed")
             return run
@@ -186,8 +201,7 @@ def test_scratch_launch_sets_torch_allocator_and_restores_the_callers():
     def mine(size, alignment, stream):
         raise AssertionError("not for our launches")
 
-    previous = _allocation._allocator.get()
-    _allocation._allocator.set(mine)
+    token = var.set(mine)
     try:
         for fail in (False, True):
             plan = launch.Plan(torch.device("cpu"))
@@ -198,6 +212,173 @@ def test_scratch_launch_sets_torch_allocator_and_restores_the_callers():
             else:
                 plan.run({})
             assert seen[-1] is launch._torch_scratch
-            assert _allocation._allocator.get() is mine
+            assert var.get() is mine
     finally:
-        _allocation._allocator.set(previous)
+        var.reset(token)
+    assert triton.set_allocator is not None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What `triton_private` accepts of Triton's internals, and the public path otherwise
+# ----------------------------------------------------------------------------------------------------------------
+
+class _Launcher36:
+    """Triton 3.6's CUDA launcher names five parameters, then `*args`."""
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        pass
+
+
+class _Launcher39:
+    """Triton 3.9's names all nine."""
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, launch_enter_hook,
+                 launch_exit_hook, *args):
+        pass
+
+
+class _Reordered:
+    def __call__(self, gridX, gridY, gridZ, function, stream, *args):
+        pass
+
+
+class _Fixed:
+    def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata):
+        pass
+
+
+class _KeywordOnly:
+    def __call__(self, *args, grid):
+        pass
+
+
+@pytest.mark.parametrize("run,ok", [(_Launcher36(), True), (_Launcher39(), True), (lambda *args: None, True),
+                                    (_Reordered(), False), (_Fixed(), False), (_KeywordOnly(), False), (len, False)],
+                         ids=["3.6", "3.9", "star-args", "reordered", "no-star-args", "keyword-only", "builtin"])
+def test_direct_launcher_takes_only_the_known_argument_layout(run, ok):
+    """`direct_launcher` hands out a compiled kernel's `run` only where it takes the grid, stream, function, packed
+    metadata, launch metadata and two hooks, then the parameters (named so or not named at all)."""
+    compiled = types.SimpleNamespace(run=run, function="fn", packed_metadata="packed")
+    found = triton_private.direct_launcher(_Wrapped(), compiled)
+    if ok:
+        assert found == (run, "fn", "packed", ("x", "y", "n", "scale", "C"))
+    else:
+        assert found is None
+
+
+def test_direct_launcher_needs_the_compiled_kernels_fields_and_a_jit_function():
+    compiled = _Compiled()
+    assert triton_private.direct_launcher(_Wrapped(), compiled) is not None
+    for missing in ("function", "packed_metadata"):
+        partial = type("Partial", (), {k: getattr(compiled, k) for k in ("run", "function", "packed_metadata")
+                                       if k != missing})()
+        assert triton_private.direct_launcher(_Wrapped(), partial) is None, missing
+    assert triton_private.direct_launcher(type("NoJit", (), {"fn": _toy})(), compiled) is None
+
+
+def test_hooks_of_another_shape_count_as_installed(monkeypatch):
+    assert triton_private.launch_hooks_empty()
+    monkeypatch.setattr(launch.knobs.runtime, "launch_exit_hook", object(), raising=False)
+    assert not triton_private.launch_hooks_empty()
+    monkeypatch.setattr(triton_private, "knobs", None)
+    assert not triton_private.launch_hooks_empty()
+
+
+def test_unrecognised_internals_keep_every_launch_on_tritons_path(fast, monkeypatch):
+    """Where `direct_launcher` finds no launcher it knows, every call takes Triton's path, and it is asked once."""
+    asked = []
+    monkeypatch.setattr(triton_private, "direct_launcher", lambda kernel, compiled: asked.append(1))
+    kernel = _Wrapped()
+    plan = _plan(kernel)
+    for _ in range(3):
+        plan.run(dict(y=torch.zeros(8)))
+    assert len(kernel.normal) == 3 and not kernel.compiled.direct and len(asked) == 1
+
+
+def _internals_unavailable(m: pytest.MonkeyPatch) -> None:
+    """Every internal of Triton made unavailable to the launch path, as on a Triton `triton_private` does not
+    recognise: no direct launcher, no 3.6 descriptor launcher, no allocator variable, hooks of unknown shape."""
+    from fla_bwd.ops.attn import gluon_dkv
+
+    m.setattr(triton_private, "direct_launcher", lambda kernel, compiled: None)
+    m.setattr(triton_private, "descriptor_launcher", lambda run: None)
+    m.setattr(triton_private, "_allocator_var", lambda: None)
+    m.setattr(launch, "_hooks_empty", lambda: False)
+    m.setattr(gluon_dkv, "descriptor_launcher", lambda run: None)  # imported by name there
+
+
+# (B, T, HQ, H, D, gate, window, sink, cu_seqlens, dq path): forward + backward of each through both paths
+_FALLBACK_CASES = {
+    "gqa-gated-window": (2, 70, 4, 2, 32, True, 24, False, None, "auto"),
+    "sink-varlen": (1, 90, 4, 1, 32, False, None, True, (0, 17, 60, 90), "auto"),
+    "five-product-gated": (1, 64, 4, 2, 64, True, None, False, None, "from-ds"),
+}
+if DEVICE == "cuda":  # sizes at which the GPU's own tiles and more than one program per axis come in
+    _FALLBACK_CASES = {
+        "gqa-gated-window": (2, 600, 8, 2, 128, True, 200, False, None, "auto"),
+        "sink-varlen": (1, 900, 8, 1, 64, False, None, True, (0, 137, 600, 900), "auto"),
+        "five-product-gated": (2, 512, 8, 2, 128, True, None, False, None, "from-ds"),
+    }
+
+
+def _forward_backward(case: tuple, inputs: dict) -> dict:
+    from fla_bwd.ops.attn import parallel_attn
+
+    *_, window, _, _, path = case
+    leaves = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.requires_grad}
+    with settings.dq_path(path):
+        o = parallel_attn(inputs["q"], inputs["k"], inputs["v"], g=inputs["g"], window_size=window,
+                          cu_seqlens=inputs["cu"], sink_bias=inputs["sink"])
+        grads = torch.autograd.grad(o, list(leaves.values()), inputs["do"])
+    return {"o": o, **{f"d{k}": g for k, g in zip(leaves, grads)}}
+
+
+def _fallback_inputs(case: tuple) -> dict:
+    B, T, HQ, H, D, gate, _, sink, cu, _ = case
+    dt = torch.bfloat16
+
+    def randn(*shape, dtype=dt):
+        return torch.randn(*shape, device=DEVICE).to(dtype).requires_grad_()
+
+    return dict(q=randn(B, T, HQ, D), k=randn(B, T, H, D), v=randn(B, T, H, D),
+                g=torch.nn.functional.logsigmoid(torch.randn(B, T, HQ, device=DEVICE)).requires_grad_()
+                if gate else None,
+                sink=randn(HQ, dtype=torch.float32) if sink else None,
+                cu=torch.tensor(cu, dtype=torch.int32, device=DEVICE) if cu else None,
+                do=torch.randn(B, T, HQ, D, device=DEVICE).to(dt))
+
+
+@pytest.mark.parametrize("name", list(_FALLBACK_CASES))
+def test_public_path_gives_bitwise_the_same(name, monkeypatch):
+    """Forward + backward by the default path (called twice: the second call of a plan launches directly on a GPU),
+    with FLA_BWD_FAST_LAUNCH=0's switch, and with every internal made unavailable (`_internals_unavailable`, plans
+    built anew): bitwise equal, and o close to the fp32 oracle (per packed sequence)."""
+    from fla_bwd.ops.attn import host as host_module
+    from fla_bwd.ops.attn import naive_parallel_attn
+
+    case = _FALLBACK_CASES[name]
+    x = _fallback_inputs(case)
+    _forward_backward(case, x)
+    default = _forward_backward(case, x)
+    settings.set_fast_launch(False)
+    try:
+        switched = _forward_backward(case, x)
+    finally:
+        settings.set_fast_launch(True)
+    host_module.clear_plans()  # plans built anew, their launches probing Triton's internals again
+    with monkeypatch.context() as m:
+        _internals_unavailable(m)
+        without = _forward_backward(case, x)
+        without_again = _forward_backward(case, x)
+    for other in (switched, without, without_again):
+        assert set(other) == set(default)
+        for key in default:
+            assert torch.equal(default[key], other[key]), key
+    *_, window, _, cu, _ = case
+    bounds = list(zip(cu[:-1], cu[1:])) if cu else [(0, x["q"].shape[1])]
+    for a, b in bounds:
+        part = {k: None if x[k] is None else x[k][:, a:b].detach().float() for k in ("q", "k", "v", "g")}
+        sink = None if x["sink"] is None else x["sink"].detach()
+        ref = naive_parallel_attn(part["q"], part["k"], part["v"], window_size=window, g=part["g"], sink_bias=sink)
+        assert_close("o", ref, default["o"][:, a:b])
+
