@@ -78,7 +78,11 @@ def answer_section(data: dict) -> list:
 def markdown(data: dict) -> str:
     env = data.get("env", {})
     gate = data.get("gate", {})
-    head = [f"# Benchmark: {data.get('op', '?')}, {OURS} against its peers", ""]
+    commit = str(env.get("bench_commit") or env.get("git_commit") or "?")[:7]
+    day = str(env.get("started") or "")[:10]
+    # the first line names what was measured where: the record is read against one GPU and one commit
+    head = [f"# Benchmark: {data.get('op', '?')}, {OURS} against its peers: commit {commit} on "
+            f"{env.get('gpu') or 'no GPU'}{', ' + day if day else ''}", ""]
     head += [f"**{line}**" for line in banner(data)] + ([""] if banner(data) else [])
     head += answer_section(data)
     gpu = env.get("gpu") or "no GPU"

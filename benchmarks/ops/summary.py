@@ -119,14 +119,20 @@ def checks(records, modes) -> list:
 
 @functools.lru_cache(maxsize=None)
 def record_bwd_us(label: str) -> dict:
-    """{row: our backward-alone median, us} in the benchmark of record of the commit `label` names
-    (`benchmarks/results/record-<commit>/summary.json`), or {} where there is none (a patched candidate's label)."""
-    path = os.path.join(RECORDS_DIR, f"record-{label[len(BASELINE_PREFIX):]}", "summary.json")
-    if not os.path.isfile(path):
+    """{row: our backward-alone median, us} in the benchmark of record of the commit `label` names, where that
+    record is the newest one (`benchmarks/results/summary.json`, its commit in `env`), else {} (an older record
+    lives in git history; a patched candidate's label has none): then this run's figures sort the rows."""
+    commit = label[len(BASELINE_PREFIX):]
+    path = os.path.join(RECORDS_DIR, "summary.json")
+    if not commit or not os.path.isfile(path):
         return {}
     with open(path) as f:
-        results = json.load(f).get("results", [])
-    return {r["shape"]["name"]: r["modes"]["bwd"]["candidates"][OURS]["median_us"] for r in results
+        data = json.load(f)
+    env = data.get("env", {})
+    recorded = str(env.get("bench_commit") or env.get("git_commit") or "")
+    if not recorded or not (recorded.startswith(commit) or commit.startswith(recorded)):
+        return {}
+    return {r["shape"]["name"]: r["modes"]["bwd"]["candidates"][OURS]["median_us"] for r in data.get("results", [])
             if OURS in r.get("modes", {}).get("bwd", {}).get("candidates", {})}
 
 

@@ -236,8 +236,8 @@ def test_baseline_checks_compare_long_rows_eager_and_short_rows_by_kernels():
     """Issue 18's bar against an earlier commit in the same run: a row whose baseline backward takes >= 400 us (in
     the commit's record where it has one) may be 2% slower by eager medians; a shorter one no slower by graph kernel
     time (the paired figure where both have one), or by eager medians without one."""
-    def row(name, ours_us, base_us, graphs=None, paired=False, blocks=None):
-        c = {"fla_bwd": {"median_us": ours_us}, "fla_bwd@12ac0d6": {"median_us": base_us}}
+    def row(name, ours_us, base_us, graphs=None, paired=False, blocks=None, base="fla_bwd@12ac0d6"):
+        c = {"fla_bwd": {"median_us": ours_us}, base: {"median_us": base_us}}
         for key, g in zip(c, graphs or ()):
             c[key]["overhead"] = {"graph_bwd_us": g, **({"graphs_paired": True} if paired else {})}
             if blocks:
@@ -254,10 +254,12 @@ def test_baseline_checks_compare_long_rows_eager_and_short_rows_by_kernels():
         ("short-nograph fla_bwd/fla_bwd@12ac0d6, eager (no graph figure) (bwd)", 1.0033, 1.0, False),
         ("short-paired fla_bwd/fla_bwd@12ac0d6, graph kernels paired (bwd)", 0.9993, 1.0, True)]
     assert summary.checks([row("long", 1015.0, 1000.0)], ["fwdbwd"]) == []  # a backward-alone bar only
-    # Rows in 12ac0d6's record (`benchmarks/results/record-12ac0d6`) are sorted by its figures, as issue 18 says:
-    # gqa4-short took 367 us there (a kernel check however long its host-bound eager median runs here), mha-short 425.
-    record = summary.record_bwd_us("fla_bwd@12ac0d6")
-    assert record["gqa4-short"] < 400 <= record["mha-short"]
+    # Rows of the newest record's commit (`benchmarks/results/summary.json`, 2207b11) are sorted by its figures:
+    # gqa4-short took 358 us there (a kernel check however long its host-bound eager median runs here), mha-long 509.
+    # An older commit's record lives in git history: this run's figures sort its rows.
+    record = summary.record_bwd_us("fla_bwd@2207b11")
+    assert record["gqa4-short"] < 400 <= record["mha-long"]
+    assert summary.record_bwd_us("fla_bwd@12ac0d6") == {}
     blocks = {"fla_bwd": [150.0, 152.0], "fla_bwd@12ac0d6": [151.0, 150.0]}
     got = summary.baseline_checks([row("short-blocks", 390.0, 300.0, graphs=(151.0, 150.5), paired=True,
                                        blocks=blocks)])
@@ -265,11 +267,12 @@ def test_baseline_checks_compare_long_rows_eager_and_short_rows_by_kernels():
     assert summary.check_lines({"checks": got}) == [
         "check short-blocks fla_bwd/fla_bwd@12ac0d6, graph kernels paired (bwd): 1.003 > 1.0 -> FAIL"
         " (over 2 blocks of its replays: 0.993-1.013)"]
-    got = summary.baseline_checks([row("gqa4-short", 400.0, 650.0, graphs=(155.0, 154.0), paired=True),
-                                   row("mha-short", 301.0, 300.0, graphs=(150.0, 160.0), paired=True)])
+    new = "fla_bwd@2207b11"
+    got = summary.baseline_checks([row("gqa4-short", 400.0, 650.0, graphs=(155.0, 154.0), paired=True, base=new),
+                                   row("mha-long", 301.0, 300.0, graphs=(150.0, 160.0), paired=True, base=new)])
     assert [(c["check"], round(c["ratio"], 4), c["limit"], c["pass"]) for c in got] == [
-        ("gqa4-short fla_bwd/fla_bwd@12ac0d6, graph kernels paired (bwd)", 1.0065, 1.0, False),
-        ("mha-short fla_bwd/fla_bwd@12ac0d6 (bwd)", 1.0033, 1.02, True)]
+        ("gqa4-short fla_bwd/fla_bwd@2207b11, graph kernels paired (bwd)", 1.0065, 1.0, False),
+        ("mha-long fla_bwd/fla_bwd@2207b11 (bwd)", 1.0033, 1.02, True)]
     assert summary.record_bwd_us("fla_bwd@abafb86+kv_early") == {}  # no record: this run's figures sort the rows
 
 
