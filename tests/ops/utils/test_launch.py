@@ -295,6 +295,20 @@ def test_unrecognised_internals_keep_every_launch_on_tritons_path(fast, monkeypa
     assert len(kernel.normal) == 3 and not kernel.compiled.direct and len(asked) == 1
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's launches")
+def test_interpreter_never_reads_the_launch_internals(monkeypatch):
+    """Under the CPU interpreter no launch takes the direct path or even asks for it: every one is Triton's public
+    `kernel[grid](...)`, so every CPU test runs the fallback."""
+    from fla_bwd.ops.attn import parallel_attn
+
+    asked = []
+    monkeypatch.setattr(triton_private, "direct_launcher", lambda kernel, compiled: asked.append(kernel))
+    q = torch.randn(1, 20, 2, 16, dtype=torch.bfloat16, requires_grad=True)
+    for _ in range(2):
+        parallel_attn(q, q[:, :, :1], q[:, :, :1]).float().sum().backward()
+    assert not asked and launch._direct_stream(torch.device("cpu")) is None
+
+
 def _internals_unavailable(m: pytest.MonkeyPatch) -> None:
     """Every internal of Triton made unavailable to the launch path, as on a Triton `triton_private` does not
     recognise: no direct launcher, no 3.6 descriptor launcher, no allocator variable, hooks of unknown shape."""
