@@ -11,7 +11,7 @@
 | FLA_BWD_DS_KERNEL | `DS_KERNELS` | at each backward (`forced_ds_kernel`); `ds_kernel(...)` overrides it for a block |
 
 The per-backward ones are read per call so that tests and A/B runs can set them between calls. Values are the strings
-users type; the code that acts on them turns them into data at once (`parallel.DkvKernel`, `host.Containment`).
+users type; the code that acts on them turns them into data at once (`dispatch.Knobs`, `dispatch.Route`).
 """
 
 import contextlib
@@ -96,7 +96,7 @@ def forced_dkv_path() -> str:
 
 def dq_path(name: str):
     """Force how dq is computed inside a `with` block: one of `DQ_PATHS` ("auto" is the dispatch, see
-    `fla_bwd.ops.attn.from_ds.five_product_chunk`). Overrides FLA_BWD_DQ_PATH. Read at backward time."""
+    `fla_bwd.ops.attn.dispatch.route`). Overrides FLA_BWD_DQ_PATH. Read at backward time."""
     return _DQ.block(name)
 
 
@@ -107,7 +107,7 @@ def forced_dq_path() -> str:
 
 def ds_kernel(name: str):
     """Force the five-product backward's dK/dV kernel inside a `with` block: one of `DS_KERNELS` ("auto": the
-    Hopper kernel wherever it can run, see `fla_bwd.ops.attn.gluon_dkv.why_not`). Overrides FLA_BWD_DS_KERNEL. A
+    Hopper kernel wherever it can run, see `fla_bwd.ops.attn.dispatch.hopper_why_not`). Overrides FLA_BWD_DS_KERNEL. A
     forced "hopper" that cannot run a five-product backward raises ValueError. Read at backward time."""
     return _DS_KERNEL.block(name)
 

@@ -143,7 +143,7 @@ def code_hashes(compiled) -> str:
 def wgmma_serialized(compiled) -> str:
     """ptxas's verdict on the kernel's wgmma pipelining: it serializes every wgmma of a function (each waits for
     itself) when it cannot prove a pipeline stage safe, and says so only in -v output (C7515 and kin), which
-    Triton discards. The PTX is compiled again with Triton's ptxas to read it (PERF.md #48)."""
+    Triton discards. The PTX is compiled again with Triton's ptxas to read it."""
     tool = _nvidia_tool("ptxas")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
@@ -225,9 +225,10 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
     if five:  # the five-product backward (dense, no sink): a middle chunk's dK/dV launch, unsplit, split, gated
         store = dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), ds=t(),
                      dk_in=t(f32), dv_in=t(f32), NTILE=1000, G0=2, CHUNK=2, HEADS=1, ACC_OUT=True)
-        plain = [("dkv_store_ds", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(store, SPLIT=1), "dkv"),
-                 ("dkv_store_ds_split4", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(store, SPLIT=4), "dkv"),
-                 ("dkv_store_ds_gated", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
+        ds_kernel = P.parallel_attn_bwd_kernel_dkv_ds_per_kv_head
+        plain = [("dkv_store_ds", ds_kernel, dict(store, SPLIT=1), "dkv"),
+                 ("dkv_store_ds_split4", ds_kernel, dict(store, SPLIT=4), "dkv"),
+                 ("dkv_store_ds_gated", ds_kernel,
                   dict(store, SPLIT=1, g_cumsum=t(f32)), "dkv")]
     modes = [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
              for name, kernel, launch, key in plain for mode in (0, 1, 2)]

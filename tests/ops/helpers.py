@@ -187,7 +187,7 @@ def check_against_oracle(case: Case, x: Optional[Inputs] = None, fn: Optional[Ca
 
 
 class DkvSpy:
-    """Records the name of the dK/dV kernel of every seven-product backward (the plan's `dkv`,
+    """Records the name of the dK/dV kernel of every seven-product backward (the plan's `route.dkv`,
     `host._backward_plan`) during a test."""
 
     def __init__(self, monkeypatch):
@@ -196,8 +196,8 @@ class DkvSpy:
 
         def spy(*args):
             plan = original(*args)
-            if plan.dkv is not None:
-                self.paths.append(plan.dkv.name)
+            if plan.route.dkv is not None:
+                self.paths.append(plan.route.dkv.name)
             return plan
 
         monkeypatch.setattr(host_module, "_backward_plan", spy)

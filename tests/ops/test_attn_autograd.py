@@ -92,7 +92,7 @@ def test_double_backward_raises(gate):
 def test_backward_gets_no_zero_filled_internal_gradients(gate, monkeypatch):
     """lse and the gate's cumsum are internal: the eager autograd.Function returns o alone, so autograd hands its
     backward one gradient (do) and never a zero-filled lse-shaped tensor (an allocation and a fill kernel per
-    backward, seen in the Nsight profile of PERF.md #21), and the gradients stay right."""
+    backward, seen in the Nsight profile of), and the gradients stay right."""
     import fla_bwd.ops.attn.autograd as A
     seen = []
     real = A.EagerParallelAttn.backward

@@ -12,7 +12,7 @@ f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
 
 
 @pytest.mark.parametrize("D, dtype, W, T, gated, want", [
-    (128, bf16, 512, 8192, False, "dkv_window"),  # g8-T8192-W512, measured faster (PERF.md #42o)
+    (128, bf16, 512, 8192, False, "dkv_window"),  # g8-T8192-W512, measured faster
     (128, f16, 256, 16384, False, "dkv_window"),  # g8-T16384-W256
     (100, bf16, 1, 63, False, "dkv_window"),  # head dims 65-128, any window up to the bound
     (128, bf16, 513, 8192, False, "dkv"),  # a longer window
@@ -30,7 +30,7 @@ def test_dkv_tiles_rule(D, dtype, W, T, gated, want):
 @pytest.mark.parametrize("window, gate, want", [(20, False, "dkv_window"), (None, False, "dkv"),
                                                  (20, True, "dkv")])
 def test_backward_launches_the_rule_s_tiles(monkeypatch, window, gate, want):
-    """The dK/dV launch of a backward takes `dkv_tiles`' config (a spy on the host's tile lookup), and the call
+    """The dK/dV launch of a backward takes `dkv_tiles`' config (a spy on the launches' tile lookup), and the call
     matches the oracle."""
     asked = []
     lookup = host.tile_config

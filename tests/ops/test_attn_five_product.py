@@ -18,6 +18,7 @@ from helpers import Case, check_against_oracle, make_inputs, params, run_paralle
 from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
 from test_attn_nan import _check_poisoned, _poisoned_run
 
+import fla_bwd.ops.attn.dispatch as dispatch
 import fla_bwd.ops.attn.from_ds as from_ds
 import fla_bwd.ops.attn.host as host
 from fla_bwd.ops.attn import config
@@ -57,7 +58,7 @@ _SPLIT_PATHS = {1: "gqa", 2: "gqa-split2", 4: "gqa-split4"}  # the dK/dV path th
 
 
 class ChunkSpy:
-    """Records the chunk and the split of every backward (the plan's `five`, `host._backward_plan`; None: seven
+    """Records the chunk and the split of every backward (the plan's `route.five`, `host._backward_plan`; None: seven
     products)."""
 
     def __init__(self, monkeypatch):
@@ -66,7 +67,7 @@ class ChunkSpy:
 
         def spy(*args):
             plan = original(*args)
-            self.record(plan.five)
+            self.record(plan.route.five)
             return plan
 
         monkeypatch.setattr(host, "_backward_plan", spy)
@@ -92,19 +93,19 @@ def test_five_product_matches_oracle(case, monkeypatch):
 
 
 def test_dispatch_runs_once_per_kind_of_call(monkeypatch):
-    """The backward's dispatch (`five_product_chunk`) runs when a plan is built: once for repeated calls of one kind
+    """The backward's dispatch (`dispatch.route`) runs when a plan is built: once for repeated calls of one kind
     under the same settings, and again for each change of a setting it reads (the dS budget, the dq path), which
     every backward reads anew (`host._backward_plan`); each backward takes the decision made for its settings."""
     case = Case(B=1, T=40, HQ=4, H=2, K=32, dtype=bf16)
     x = make_inputs(case)
     dispatched = []
-    original = host.five_product_chunk
+    original = dispatch.route
 
     def counted(*args):
-        dispatched.append(original(*args))
-        return dispatched[-1]
+        dispatched.append(original(*args).five)
+        return original(*args)
 
-    monkeypatch.setattr(host, "five_product_chunk", counted)
+    monkeypatch.setattr(dispatch, "route", counted)
     spy = ChunkSpy(monkeypatch)
     with dq_path("from-ds"):
         runs = [run_parallel(case, x) for _ in range(3)]
@@ -285,7 +286,7 @@ def test_gated_backward_without_o_lo():
         with pytest.raises(ValueError, match="rounding residual from the forward"):
             host.backward(do, q, k, v, o, lse, gc, g, None, None, rest[-2], rest[-1])
     call = host.call_of(q, k, v, g, None, None, rest[-2], rest[-1])
-    assert from_ds.five_product_chunk(call.shape, True, "auto", True, exact_o=False) is None
+    assert dispatch.five_product(call.shape, True, True, exact_o=False) is None
 
 
 @pytest.mark.parametrize("W", [None, 8], ids=["causal", "W8"])
@@ -321,7 +322,7 @@ def test_whole_step_capture(case, chunks, monkeypatch):
 
 
 def _shape(**kw):
-    from fla_bwd.ops.attn.host import Shape
+    from fla_bwd.ops.attn.call import Shape
 
     base = dict(device=torch.device(DEVICE), B=2, T=2048, HQ=32, H=32, K=128, V=128, dtype=bf16, g_dtype=None,
                 sink_dtype=None, scale=0.1, W=2048, containment="auto")
@@ -330,14 +331,14 @@ def _shape(**kw):
 
 
 @pytest.mark.parametrize("kw,expected", [  # expected: (split, chunk) or None (seven products)
-    (dict(), (1, 1)),  # long dense MHA at D = 128: measured faster (PERF.md #42)
+    (dict(), (1, 1)),  # long dense MHA at D = 128: measured faster
     (dict(dtype=f16), (1, 1)),
     (dict(T=4096, W=4096, B=1), (1, 1)),
     (dict(T=1024, W=1024), None),  # shorter: host-bound, slower
-    (dict(H=16), (1, 2)),  # GQA whose launches fill the GPU: faster (#42j)
+    (dict(H=16), (1, 2)),  # GQA whose launches fill the GPU: faster
     (dict(H=8), (1, 4)),
     (dict(B=1, T=8192, W=8192, H=4), (1, 2)),  # G8 T8192: two heads of each group fit the default budget
-    (dict(H=4), (4, 2)),  # G8 B2 T2048: imbalanced unsplit; four programs a key tile balance it (#42q)
+    (dict(H=4), (4, 2)),  # G8 B2 T2048: imbalanced unsplit; four programs a key tile balance it
     (dict(B=1, T=4096, W=4096, H=4), (4, 2)),
     (dict(H=2), (4, 4)),  # G16
     (dict(K=64, V=64), None),  # D = 64: slower
@@ -354,36 +355,37 @@ def test_auto_dispatch(kw, expected, monkeypatch):
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
     monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)  # the H200's (on the CPU too)
-    five = from_ds.five_product_chunk(_shape(**kw), True, "auto", True)
-    assert five == (None if expected is None else from_ds.FiveProduct(*expected)), five
-    assert from_ds.five_product_chunk(_shape(**kw), False, "auto", True) is None  # packed: seven products
+    five = dispatch.five_product(_shape(**kw), True, True)
+    assert five == (None if expected is None else dispatch.FiveProduct(*expected)), five
+    assert dispatch.five_product(_shape(**kw), False, True) is None  # packed: seven products
     # another dK/dV kernel asked for: seven products
-    assert from_ds.five_product_chunk(_shape(**kw), True, "per-query-head", True) is None
+    with dkv_path("per-query-head"):
+        assert dispatch.five_product(_shape(**kw), True, True) is None
     with dq_path("recompute"):
-        assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) is None
+        assert dispatch.five_product(_shape(**kw), True, True) is None
 
 
 @pytest.mark.parametrize("hopper", [False, True])
 def test_auto_dispatch_by_bandwidth(hopper, monkeypatch):
     """On the Triton kernel "auto" takes five products only on GPUs of at least `config.TRITON_FIVE_MIN_TBPS` (it lost
-    ctl-K128-V64-g8-T2048 on the H100, PERF.md #71); the Hopper kernel's calls (faked on) take them whatever the
+    ctl-K128-V64-g8-T2048 on the H100); the Hopper kernel's calls (faked on) take them whatever the
     bandwidth. The device reports its own (`config.hbm_tbps`); the CPU the H200's."""
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
-    monkeypatch.setattr(from_ds.gluon_dkv, "why_not", lambda s, device, aligned: None if hopper else "not faked on")
+    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned: None if hopper else "not faked on")
     call = _shape(H=4, V=64) if not hopper else _shape(H=4)
-    expected = from_ds.FiveProduct(2, 4, True) if hopper else from_ds.FiveProduct(4, 2)
+    expected = dispatch.FiveProduct(2, 4, True) if hopper else dispatch.FiveProduct(4, 2)
     assert config.hbm_tbps(torch.device("cpu")) == config.REFERENCE_TBPS
     if DEVICE == "cuda":  # memory clock x bus width: H100 SXM 3.35, H200 4.8
         assert 1.0 < config.hbm_tbps(torch.device("cuda")) < 20.0
     for tbps, five in ((4.8, True), (4.0, True), (3.35, hopper)):
         monkeypatch.setattr(config, "hbm_tbps", lambda device, tbps=tbps: tbps)
-        assert from_ds.five_product_chunk(call, True, "auto", True) == (expected if five else None), tbps
+        assert dispatch.five_product(call, True, True) == (expected if five else None), tbps
     with dq_path("from-ds"):  # asked for: runs at any bandwidth
-        assert from_ds.five_product_chunk(call, True, "auto", True) is not None
+        assert dispatch.five_product(call, True, True) is not None
 
 
 def test_auto_runs_five_products_where_it_dispatches(monkeypatch):
@@ -424,6 +426,11 @@ def test_auto_splits_imbalanced_calls(monkeypatch):
     assert spy.splits == [4] and spy.chunks == [case.HQ // case.H // 4], (spy.splits, spy.chunks)
 
 
+def _needs_o_lo(s) -> bool:
+    """`dispatch.needs_o_lo` of a dense, aligned call of Shape s under the settings now."""
+    return dispatch.needs_o_lo(host.Call(None, s, None, True), dispatch.knobs())
+
+
 def test_auto_dispatch_of_gated_calls(monkeypatch):
     """Gated calls take five products under "auto" only where `config.FIVE_PRODUCT_GATED` allows, the Hopper kernel
     runs them (faked on here) and the forward made o_lo; then by the Hopper kernel's rule. On the Triton kernel they
@@ -433,23 +440,23 @@ def test_auto_dispatch_of_gated_calls(monkeypatch):
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
-    monkeypatch.setattr(from_ds.gluon_dkv, "why_not", lambda s, device, aligned: None)
+    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned: None)
     gated = _shape(g_dtype=f32)
     for allowed in (False, True):
         monkeypatch.setattr(config, "FIVE_PRODUCT_GATED", allowed)
-        expected = from_ds.FiveProduct(1, 1, True) if allowed else None
-        assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=True) == expected
-        assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=False) is None
-        assert from_ds.needs_exact_o(gated, True, "auto", True) == allowed
-        assert not from_ds.needs_exact_o(_shape(), True, "auto", True)  # ungated: never
+        expected = dispatch.FiveProduct(1, 1, True) if allowed else None
+        assert dispatch.five_product(gated, True, True, exact_o=True) == expected
+        assert dispatch.five_product(gated, True, True, exact_o=False) is None
+        assert _needs_o_lo(gated) == allowed
+        assert not _needs_o_lo(_shape())  # ungated: never
         with ds_kernel("triton"):
-            assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=True) is None
-            assert not from_ds.needs_exact_o(gated, True, "auto", True)
+            assert dispatch.five_product(gated, True, True, exact_o=True) is None
+            assert not _needs_o_lo(gated)
             with dq_path("from-ds"):
-                assert from_ds.five_product_chunk(gated, True, "auto", True, exact_o=True) == (1, 1, False)
-                assert from_ds.needs_exact_o(gated, True, "auto", True)
+                assert dispatch.five_product(gated, True, True, exact_o=True) == (1, 1, False)
+                assert _needs_o_lo(gated)
         short = _shape(g_dtype=f32, T=1024, W=1024)
-        assert from_ds.five_product_chunk(short, True, "auto", True, exact_o=True) is None
+        assert dispatch.five_product(short, True, True, exact_o=True) is None
 
 
 @pytest.mark.parametrize("what", ["sink", "packed", "fp32", "head_dim", "dkv_path", "budget", "budget_gated", "split"])
@@ -574,8 +581,8 @@ def test_gated_both_gate_gradient_launches_match_oracle(by_band_max_t, monkeypat
     monkeypatch.setattr(config, "GATE_GRAD_BY_BAND_MAX_T", by_band_max_t)
     monkeypatch.setattr(host, "_PLANS", {})
     by_band = []
-    add = from_ds.add_gate_grad_by_band
-    monkeypatch.setattr(from_ds, "add_gate_grad_by_band", lambda *args: by_band.append(add(*args)))
+    add = host.add_gate_grad_by_band
+    monkeypatch.setattr(host, "add_gate_grad_by_band", lambda *args: by_band.append(add(*args)))
     case = _GATED_CHUNKED
     spy = ChunkSpy(monkeypatch)
     with dq_path("from-ds"):
@@ -589,13 +596,13 @@ def test_gated_both_gate_gradient_launches_match_oracle(by_band_max_t, monkeypat
 @pytest.mark.parametrize("W", [300, 100])
 def test_band_bytes_is_what_a_band_allocates(gated, W):
     """`band_bytes`, which the dS budget divides by (`ds_chunk`), against the scratch that
-    `add_five_product_backward` allocates for its bands: the dS tiles and, gated, the dQ kernel's key-side partials."""
-    from fla_bwd.ops.utils.launch import Empty, Plan
+    `host.add_five_product` allocates for its bands: the dS tiles and, gated, the dQ kernel's key-side partials."""
+    from fla_bwd.ops.utils.launch import Empty
 
     s = _shape(B=2, T=300, HQ=4, H=2, K=64, V=64, W=W, g_dtype=bf16 if gated else None)
-    five = from_ds.FiveProduct(split=1, chunk=2)
-    plan = Plan(torch.device(DEVICE))
-    from_ds.add_five_product_backward(plan, s, five, lambda *args, **kwargs: None)
+    five = dispatch.FiveProduct(split=1, chunk=2)
+    plan = host.new_plan(s, inline=True)
+    host.add_five_product(plan, s, dispatch.five_route(s, five, dispatch.knobs()))
     size = {st.name: math.prod(st.shape) * st.dtype.itemsize for st in plan.steps if isinstance(st, Empty)}
     assert ("dgk_part" in size) == gated
     bands = s.B * s.H * five.split * five.chunk

@@ -2,7 +2,7 @@
 """The five-product backward's Hopper dK/dV kernel (`fla_bwd.ops.attn.gluon_dkv`, Gluon, sm_90 only).
 
 On every machine: its static schedule (each item once, longest first, balanced), its split rule, its dispatch
-(`from_ds.five_product_chunk` with the kernel's scope faked on), and that a forced "hopper" raises where it cannot
+(`dispatch.five_product` with the kernel's scope faked on), and that a forced "hopper" raises where it cannot
 run. On an sm_90 GPU, the five-product backward's contract (tests/ops/test_attn_five_product.py) on this kernel:
 o and every gradient against the fp32 oracle with poisoned buffers, at every split and with chunks of heads
 (bitwise the one-launch result, and deterministic), NaN/Inf containment through its flags and the Triton FIXUP
@@ -20,6 +20,7 @@ from helpers import Case, check_against_oracle, make_inputs, run_parallel
 from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
 from test_attn_five_product import ChunkSpy, _band_bytes, _shape
 
+import fla_bwd.ops.attn.dispatch as dispatch
 import fla_bwd.ops.attn.from_ds as from_ds
 import fla_bwd.ops.attn.gluon_dkv as gluon_dkv
 from fla_bwd.ops.attn import config
@@ -61,20 +62,20 @@ def test_schedule_covers_each_item_once(B, T, H, split, programs):
                                            (2, 2048, 4, 8, 2), (2, 2048, 32, 1, 1), (2, 2048, 16, 2, 1),
                                            (2, 2048, 2, 16, 4)])
 def test_split_rule(B, T, H, G, split):
-    """At the H200's 132 SMs: the splits #42w measured fastest (G8 T4096 and B2 T2048: 2; the others 1)."""
-    assert gluon_dkv.split_for(B, T, H, G, 132) == split
+    """At the H200's 132 SMs: the splits measured fastest (G8 T4096 and B2 T2048: 2; the others 1)."""
+    assert dispatch.hopper_split(B, T, H, G, 132) == split
 
 
 def test_out_of_scope_calls_say_why():
     s = _shape()
-    assert "CUDA" in gluon_dkv.why_not(s, torch.device("cpu"), True)
+    assert "CUDA" in dispatch.hopper_why_not(s, torch.device("cpu"), True)
     if HOPPER:
         cuda = torch.device("cuda")
-        assert gluon_dkv.why_not(_shape(device=cuda), cuda, True) is None
-        assert "K = V = 128" in gluon_dkv.why_not(_shape(device=cuda, K=64, V=64), cuda, True)
-        assert "multiple of 128" in gluon_dkv.why_not(_shape(device=cuda, T=2000, W=2000), cuda, True)
-        assert "window" in gluon_dkv.why_not(_shape(device=cuda, W=512), cuda, True)
-        assert "16-byte aligned" in gluon_dkv.why_not(_shape(device=cuda), cuda, False)
+        assert dispatch.hopper_why_not(_shape(device=cuda), cuda, True) is None
+        assert "K = V = 128" in dispatch.hopper_why_not(_shape(device=cuda, K=64, V=64), cuda, True)
+        assert "multiple of 128" in dispatch.hopper_why_not(_shape(device=cuda, T=2000, W=2000), cuda, True)
+        assert "window" in dispatch.hopper_why_not(_shape(device=cuda, W=512), cuda, True)
+        assert "16-byte aligned" in dispatch.hopper_why_not(_shape(device=cuda), cuda, False)
 
 
 def _fake_hopper_scope(monkeypatch) -> None:
@@ -82,7 +83,7 @@ def _fake_hopper_scope(monkeypatch) -> None:
     can read), on any machine; Triton's five products allowed too (the H200's bandwidth)."""
     for name in ("FLA_BWD_DQ_PATH", "FLA_BWD_DS_BUDGET_MIB", "FLA_BWD_DS_KERNEL", "FLA_BWD_CONTAINMENT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None if aligned else "unaligned")
+    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned: None if aligned else "unaligned")
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
     monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)
 
@@ -100,23 +101,23 @@ def test_hopper_dispatch(kw, auto, forced, monkeypatch):
     its own split, "hopper" at any length, "triton" never; inline containment (it is a FLAG launch) keeps Triton
     under "auto" and makes a forced "hopper" raise."""
     _fake_hopper_scope(monkeypatch)
-    assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*auto)
+    assert dispatch.five_product(_shape(**kw), True, True) == dispatch.FiveProduct(*auto)
     with ds_kernel("hopper"):
-        assert from_ds.five_product_chunk(_shape(**kw), True, "auto", True) == from_ds.FiveProduct(*forced, True)
+        assert dispatch.five_product(_shape(**kw), True, True) == dispatch.FiveProduct(*forced, True)
     with ds_kernel("triton"):
-        assert not from_ds.five_product_chunk(_shape(**kw), True, "auto", True).hopper
+        assert not dispatch.five_product(_shape(**kw), True, True).hopper
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
-    assert not from_ds.five_product_chunk(_shape(**kw), True, "auto", True).hopper
+    assert not dispatch.five_product(_shape(**kw), True, True).hopper
     with ds_kernel("hopper"), pytest.raises(ValueError, match="contains NaN/Inf inline"):
-        from_ds.five_product_chunk(_shape(**kw), True, "auto", True)
+        dispatch.five_product(_shape(**kw), True, True)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT")  # inputs TMA cannot read: Triton under "auto", a forced "hopper" raises
-    assert not from_ds.five_product_chunk(_shape(**kw), True, "auto", False).hopper
+    assert not dispatch.five_product(_shape(**kw), True, False).hopper
     with ds_kernel("hopper"), pytest.raises(ValueError, match="unaligned"):
-        from_ds.five_product_chunk(_shape(**kw), True, "auto", False)
+        dispatch.five_product(_shape(**kw), True, False)
 
 
 @pytest.mark.parametrize("kw,auto", [  # (split, chunk) of "auto" on the Hopper kernel, or None for seven products
-    (dict(B=4, T=512, W=512), (1, 1)),  # mha-short: five products from `config.FIVE_PRODUCT_MIN_T_HOPPER` (#74)
+    (dict(B=4, T=512, W=512), (1, 1)),  # mha-short: five products from `config.FIVE_PRODUCT_MIN_T_HOPPER`
     (dict(B=4, T=512, W=512, H=8), (2, 2)),  # gqa4-short: two shares balance its items (`gluon_dkv.split_for`)
     (dict(T=1024, W=1024, dtype=f16), (1, 1)),
     (dict(T=384, W=384), None),  # under it
@@ -129,13 +130,13 @@ def test_shorter_ungated_calls_on_the_hopper_kernel(kw, auto, monkeypatch):
     inputs TMA cannot read."""
     _fake_hopper_scope(monkeypatch)
     s = _shape(**kw)
-    expected = None if auto is None else from_ds.FiveProduct(*auto, True)
-    assert from_ds.five_product_chunk(s, True, "auto", True) == expected
-    assert from_ds.five_product_chunk(s, True, "auto", False) is None  # unaligned: no Hopper kernel, seven
+    expected = None if auto is None else dispatch.FiveProduct(*auto, True)
+    assert dispatch.five_product(s, True, True) == expected
+    assert dispatch.five_product(s, True, False) is None  # unaligned: no Hopper kernel, seven
     with ds_kernel("triton"):
-        assert from_ds.five_product_chunk(s, True, "auto", True) is None
+        assert dispatch.five_product(s, True, True) is None
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
-    assert from_ds.five_product_chunk(s, True, "auto", True) is None
+    assert dispatch.five_product(s, True, True) is None
 
 
 @needs_hopper
@@ -143,10 +144,10 @@ def test_shorter_ungated_calls_on_the_hopper_kernel(kw, auto, monkeypatch):
                                   Case(B=2, T=512, HQ=16, H=16, K=128, dtype=f16)], ids=["g4-T1024", "mha-T512"])
 def test_auto_takes_it_on_shorter_ungated_rows(case, monkeypatch):
     """"auto" on ungated calls from `config.FIVE_PRODUCT_MIN_T_HOPPER` on (two-launch containment): five products on
-    the Hopper kernel, against the oracle (#74)."""
+    the Hopper kernel, against the oracle."""
     monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
-    assert not config.contain_inline(case.B, case.HQ, case.T, case.T, case.K)
+    assert not dispatch.contain_inline(_shape(B=case.B, T=case.T, W=case.T, HQ=case.HQ, H=case.H), "auto")
     spy = HopperSpy(monkeypatch)
     check_against_oracle(case)
     assert spy.hopper == [True], spy.hopper
@@ -156,19 +157,19 @@ def test_auto_takes_it_on_shorter_ungated_rows(case, monkeypatch):
 def test_default_budget_keeps_g8_t16384_on_seven_products(kernel, monkeypatch):
     """Issue 18's peak-memory bar: a G8 B1 T16384 dense backward at the default budget stores no dS tiles (one head
     of every KV head would take 4 x 256.5 MiB, past the bar's 932 MiB), with either dK/dV kernel. A budget of that
-    scratch would store them (PERF.md #72), so the default must stay below it."""
+    scratch would store them, so the default must stay below it."""
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
-    monkeypatch.setattr(gluon_dkv, "why_not", lambda s, device, aligned: None)
+    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned: None)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
     monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)
     s = _shape(B=1, T=16384, W=16384, H=4)
     one_head_each = s.B * s.H * from_ds.band_bytes(s.T, s.W, s.K, False)
     assert one_head_each > 932 << 20
     with ds_kernel(kernel):
-        assert from_ds.five_product_chunk(s, True, "auto", True) is None
+        assert dispatch.five_product(s, True, True) is None
         monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(one_head_each / 2**20))
-        assert from_ds.five_product_chunk(s, True, "auto", True) == from_ds.FiveProduct(1, 1, kernel == "auto")
+        assert dispatch.five_product(s, True, True) == dispatch.FiveProduct(1, 1, kernel == "auto")
 
 
 def test_forced_hopper_raises_where_it_cannot_run(monkeypatch):
@@ -460,7 +461,7 @@ def test_plan_step_reuses_descriptors_by_address(gated, triton_3_6_driver, monke
 @needs_hopper
 def test_second_call_launches_direct(monkeypatch):
     """After its first launch the kernel goes through the compiled kernel's C launcher (`launch.Launch`'s direct
-    path: Gluon's `kernel[grid]` binding cost 519 us of host time a launch, #42x; on Triton 3.6 with its
+    path: Gluon's `kernel[grid]` binding cost 519 us of host time a launch; on Triton 3.6 with its
     descriptors' expansions kept by address, `HopperDkvLaunch._launch_memoized`), with the same results: for the
     same inputs again, and for copies of them at other addresses (descriptors expanded anew)."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
@@ -497,8 +498,7 @@ def test_unaligned_input_runs_triton(name, monkeypatch):
     assert shifted.data_ptr() % 16 == 2 and shifted.is_contiguous()
     setattr(x, name, shifted if name == "do" else shifted.requires_grad_())
     with ds_kernel("triton"):  # what "auto" runs without the Hopper kernel here: Triton's five products, or seven
-        triton = from_ds.five_product_chunk(_shape(device=t.device, B=1, T=case.T, W=case.T, HQ=8, H=2), True, "auto",
-                                            True)
+        triton = dispatch.five_product(_shape(device=t.device, B=1, T=case.T, W=case.T, HQ=8, H=2), True, True)
     spy = HopperSpy(monkeypatch)
     check_against_oracle(case, x)
     assert spy.hopper == [None if triton is None else False], (spy.hopper, triton)
@@ -527,7 +527,7 @@ def test_descriptors_follow_each_call(monkeypatch):
 
 @needs_hopper
 def test_auto_takes_it_on_long_rows(monkeypatch):
-    """"auto" on a long GQA call (T = HOPPER_DKV_MIN_T, #42w): the Hopper kernel, against the oracle."""
+    """"auto" on a long GQA call (T = HOPPER_DKV_MIN_T): the Hopper kernel, against the oracle."""
     monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
     spy = HopperSpy(monkeypatch)
     check_against_oracle(Case(B=1, T=config.HOPPER_DKV_MIN_T, HQ=8, H=2, K=128, dtype=bf16))

@@ -174,7 +174,7 @@ def test_dispatch_off_gpu_ignores_load_balance(auto_env):
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the load-balance rule applies only to GPU tensors")
 def test_dispatch_load_balance_rule_on_gpu(auto_env):
-    """The measured cases of `_gqa_split` (PERF.md #23): G8 B1 T4096 H4 and G8 B2 T2048 H4 (critical path 2x the
+    """The measured cases of `_gqa_split`: G8 B1 T4096 H4 and G8 B2 T2048 H4 (critical path 2x the
     average program) take a split of 2, GQA B2 T2048 H8 plain "gqa"; short sequences and narrow windows always
     "gqa"; a long single-KV-head G2 call, which no split below G balances, keeps "legacy"."""
     def pick(B, T, HQ, H, W=None):

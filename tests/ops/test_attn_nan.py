@@ -138,7 +138,12 @@ def test_nan_with_sink(which, containment, monkeypatch):
 def test_containment_choice(monkeypatch):
     """Calls too small for a second launch to pay contain inline (one launch), larger ones with a second launch;
     the override is checked."""
-    from fla_bwd.ops.attn.host import contain_inline
+    from fla_bwd.ops.attn.call import Shape
+    from fla_bwd.ops.attn.dispatch import contain_inline as rule
+    from fla_bwd.settings import forced_containment
+
+    def contain_inline(B, HQ, T, W, D):
+        return rule(Shape(None, B, T, HQ, HQ, D, D, None, None, None, 1.0, W, "auto"), forced_containment())
 
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
     assert contain_inline(B=1, HQ=8, T=512, W=512, D=128)  # 2**28

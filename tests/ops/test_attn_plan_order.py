@@ -3,12 +3,12 @@
 backwards of every kind (seven products; five on the Triton kernel, split, chunked and gated; five on the Hopper
 step, built but not run here): every step reads only the call's inputs and what earlier steps made, and each
 buffer is allocated just before the first step that reads it (`Plan.allocate_late`: the GPU waits for a call's
-first launches, PERF.md #58). Plans are built, not run: no kernel executes in this file."""
+first launches). Plans are built, not run: no kernel executes in this file."""
 
 import pytest
 import torch
 
-from fla_bwd.ops.attn import from_ds, gluon_dkv, host
+from fla_bwd.ops.attn import config, dispatch, gluon_dkv, host
 from fla_bwd.ops.utils import launch
 
 BACKWARD_INPUTS = {"q", "k", "v", "o", "o_lo", "do", "lse", "gc", "sink_bias", "cu_seqlens"}
@@ -58,7 +58,9 @@ SEVEN = {
 def test_seven_product_and_forward_plans(name, containment, monkeypatch):
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
     call = _call(**SEVEN[name])
-    _check_order(host._build_backward(call.shape, call.tiles, host.dkv_kernel(call, "auto"), None), BACKWARD_INPUTS)
+    route = dispatch.route(call, dispatch.knobs(), True, False)
+    assert route.five is None
+    _check_order(host._build_backward(call.shape, call.tiles, route), BACKWARD_INPUTS)
     _check_order(host._build_forward(call.shape, call.tiles, False), FORWARD_INPUTS)
 
 
@@ -78,9 +80,10 @@ def test_five_product_plans(name, gated, containment, monkeypatch):
     """Gated plans at T = 256 and, with `GATE_GRAD_BY_BAND_MAX_T` lowered, the key-side launch and the scan."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
     for by_band_max_t in (2048, 0) if gated else (2048,):
-        monkeypatch.setattr(from_ds.config, "GATE_GRAD_BY_BAND_MAX_T", by_band_max_t)
+        monkeypatch.setattr(config, "GATE_GRAD_BY_BAND_MAX_T", by_band_max_t)
         call = _call(gate=gated)
-        plan = host._build_backward(call.shape, None, None, from_ds.FiveProduct(*FIVE[name]))
+        route = dispatch.five_route(call.shape, dispatch.FiveProduct(*FIVE[name]), dispatch.knobs())
+        plan = host._build_backward(call.shape, None, route)
         _check_order(plan, BACKWARD_INPUTS)
         kinds = [type(step).__name__ for step in plan.steps]
         # delta's launch is issued right after its own buffer, ahead of everything the dK/dV launches need

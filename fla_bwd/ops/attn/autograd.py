@@ -7,7 +7,7 @@ Two front ends over those two functions, one formula:
   `torch.compile(fullgraph=True)` sees two opaque ops instead of tracing into Triton launches; a custom op cannot
   return None, so absent optional outputs (the gate's cumsum, dg, dsink) travel as empty tensors;
 - in eager code, a plain autograd.Function: the custom-op machinery (schema default filling, dynamo guards,
-  autograd redispatch) costs more host time per call than a short row's whole GPU time (PERF.md #11).
+  autograd redispatch) costs more host time per call than a short row's whole GPU time.
 Neither supports a second differentiation: both raise a clear error instead of returning a silent zero.
 """
 

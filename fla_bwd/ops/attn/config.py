@@ -1,7 +1,7 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Tile sizes and the per-call policies of the attention kernels: what the launchers read, with one reason each.
-The measurements behind every entry are in PERF.md (the number after # names its section); change an entry
-there first. `tests/ops/test_kernel_resources.py` compiles every tile config for sm_90 and checks it fits.
+"""Tile sizes and the thresholds of the dispatch's rules (`dispatch.py`, which alone reads the thresholds), each with
+its reason in one line; PERF.md lists the decisions that stand and where their measurements are.
+`tests/ops/test_kernel_resources.py` compiles every tile config for sm_90 and checks it fits.
 """
 
 import functools
@@ -10,7 +10,6 @@ from typing import NamedTuple
 import torch
 import triton
 
-from fla_bwd import settings
 from fla_bwd.utils import cdiv, is_interpreter
 
 
@@ -24,11 +23,11 @@ def _tiles(BT: int, BS: int, num_warps: int, num_stages: int) -> dict:
 # launchers spread these dicts into their launch arguments.
 TILE_CONFIGS = {
     (True, False): {
-        "fwd": _tiles(128, 128, 8, 2),  # fewest K/V reloads among the configs that do not spill (#3)
-        "dq": _tiles(64, 64, 4, 2),  # every larger tile or deeper pipeline measured slower (#2, #19)
-        "dkv": _tiles(64, 64, 4, 2),  # same sweeps (#2, #19); two resident programs per SM (#23)
+        "fwd": _tiles(128, 128, 8, 2),  # fewest K/V reloads among the configs that do not spill
+        "dq": _tiles(64, 64, 4, 2),  # every larger tile or deeper pipeline measured slower
+        "dkv": _tiles(64, 64, 4, 2),  # same sweeps; two resident programs per SM
         # Short windows (`dkv_tiles`): 32-row blocks fit three stages beside a second program, so each block's loads
-        # are issued a block ahead (at two stages the loop issues them at its end and waits at its top), #42o.
+        # are issued a block ahead (at two stages the loop issues them at its end and waits at its top).
         "dkv_window": _tiles(64, 32, 4, 3),
     },
     (True, True): {
@@ -37,46 +36,46 @@ TILE_CONFIGS = {
         "dkv": _tiles(64, 32, 8, 2),  # same reason
     },
     (False, False): {
-        "fwd": _tiles(64, 32, 4, 2),  # fp32 operands: fwd 128x128 needs 256 KB of the 227 KB a block may use (#9)
-        "dq": _tiles(64, 32, 8, 2),  # same limit (#9)
-        "dkv": _tiles(64, 32, 8, 2),  # same limit (#9)
+        "fwd": _tiles(64, 32, 4, 2),  # fp32 operands: fwd 128x128 needs 256 KB of the 227 KB a block may use
+        "dq": _tiles(64, 32, 8, 2),  # same limit
+        "dkv": _tiles(64, 32, 8, 2),  # same limit
     },
     (False, True): {
-        "fwd": _tiles(64, 32, 4, 2),  # fits at D up to 256 in fp32 (#9)
-        "dq": _tiles(32, 32, 4, 2),  # halved again to fit 227 KB (#9)
-        "dkv": _tiles(32, 32, 4, 2),  # same limit (#9)
+        "fwd": _tiles(64, 32, 4, 2),  # fits at D up to 256 in fp32
+        "dq": _tiles(32, 32, 4, 2),  # halved again to fit 227 KB
+        "dkv": _tiles(32, 32, 4, 2),  # same limit
     },
 }
 # The dQ-from-dS kernel (`from_ds.py`; its tiles are the dK/dV kernel's, two query blocks a program): a memory-bound
-# loop, 3 stages deep; 4 warps: 622 against 819 us at 8 on g8-T8192 (PERF.md #42d, #42l).
+# loop, 3 stages deep; 4 warps: 622 against 819 us at 8 on g8-T8192.
 DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
-# Where "auto" takes the five-product backward (`from_ds.five_product_chunk`): dense full-causal calls at head dims
+# Where "auto" takes the five-product backward (`dispatch.route`): dense full-causal calls at head dims
 # 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`, with a split if needed). They won
-# there on the H200 (PERF.md #42g, #42j, #42q); D = 64 and windows lost. Shorter: `FIVE_PRODUCT_MIN_T_HOPPER`.
+# there on the H200; D = 64 and windows lost. Shorter: `FIVE_PRODUCT_MIN_T_HOPPER`.
 FIVE_PRODUCT_MIN_T = 2048
 # Whether "auto" takes it for gated calls too (where the Hopper kernel runs them, in eager calls whose forward then
-# stores o's rounding residual, `from_ds.needs_exact_o`): faster than seven products on the H200, backward alone and
-# forward + backward (PERF.md #47, #49, #50).
+# stores o's rounding residual, `dispatch.needs_o_lo`): faster than seven products on the H200, backward alone and
+# forward + backward.
 FIVE_PRODUCT_GATED = True
 # From this length on "auto" runs the five-product backward's dK/dV on the Hopper kernel (`gluon_dkv`, where it can):
 # its kernels win on every row (33-96 us at T = 2048), and eager T = 2048 calls follow them: interleaved with
-# Triton's blocks, no Hopper block stalled on the host more than Triton's (PERF.md #42w, #42x, #43, #44).
+# Triton's blocks, no Hopper block stalled on the host more than Triton's.
 HOPPER_DKV_MIN_T = 2048
 # Ungated calls shorter than both lengths above take five products from this length on where the Hopper kernel runs
-# them: 13-21% less graph kernel time at T = 512 on the H100, for 8-24 us more host time, still under it (PERF.md #74).
+# them: 13-21% less graph kernel time at T = 512 on the H100, for 8-24 us more host time, still under it.
 FIVE_PRODUCT_MIN_T_HOPPER = 512
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
-# keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096) (#42q).
+# keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096).
 FIVE_PRODUCT_SPLITS = (1, 4, 2)
 # The five-product backward's dK/dV launches run two query heads of each group (unrolled) below this length, one from
-# it on: the second head saves an fp32 dK/dV round trip, which paid at T = 2048 and not at T = 8192 (#42j).
+# it on: the second head saves an fp32 dK/dV round trip, which paid at T = 2048 and not at T = 8192.
 DS_TWO_HEADS_BELOW_T = 4096
 # Gated five-product calls up to this length sum the key side of the gate's gradient and scan it in one launch, a
 # program a band (`from_ds.gate_grad_of_band_kernel`): one launch less; a band's partial key sums grow as T^2.
 GATE_GRAD_BY_BAND_MAX_T = 2048
 # "auto" takes five products on the Triton dS-store kernel (where the Hopper kernel does not run: K != V, head dims
 # other than 128) only on GPUs with at least this peak memory bandwidth (TB/s, `hbm_tbps`): its dS round trip won
-# ctl-K128-V64-g8-T2048 on the H200 (4.8 TB/s) and lost it on the H100 (3.35 TB/s) by 2.2% (PERF.md #60, #71).
+# ctl-K128-V64-g8-T2048 on the H200 (4.8 TB/s) and lost it on the H100 (3.35 TB/s) by 2.2%.
 TRITON_FIVE_MIN_TBPS = 4.0
 # SMs of the GPU the dispatch rules were measured on (H200): `sm_count` of a device that has none (the CPU).
 REFERENCE_SMS = 132
@@ -87,8 +86,7 @@ INTERPRETER_CONFIG = _tiles(32, 16, 4, 1)
 
 
 # Windows up to this size take the "dkv_window" tiles in the seven-product dK/dV kernels (`dkv_tiles`): measured
-# faster at W = 256 and 512 (16-bit, D = 128, ungated); dense T = 2048 gained ~2%, gated T = 2048 and D = 64 lost
-# (#42o).
+# faster at W = 256 and 512 (16-bit, D = 128, ungated); dense T = 2048 gained ~2%, gated T = 2048 and D = 64 lost.
 DKV_WINDOW_MAX_W = 512
 
 
@@ -109,18 +107,8 @@ def tile_config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dic
 
 
 # Calls with less work than this (B * HQ * T * min(T, W) * max(K, V)) contain NaN/Inf inline, larger ones in two
-# launches: where a second launch's host time equals what inline costs the GPU (#31).
+# launches: where a second launch's host time equals what inline costs the GPU.
 INLINE_CONTAINMENT_WORK = 2**29
-
-
-def contain_inline(B: int, HQ: int, T: int, W: int, D: int) -> bool:
-    """Whether the kernels of one call contain a NaN/Inf input inline (one launch) rather than in two launches
-    (see `host.add_contained`); both contain exactly. FLA_BWD_CONTAINMENT forces either (for A/B timing and the
-    tests, which run every NaN/Inf case both ways; plans are keyed on it, `Shape.containment`)."""
-    forced = settings.forced_containment()
-    if forced != "auto":
-        return forced == "inline"
-    return B * HQ * T * min(T, W) * D < INLINE_CONTAINMENT_WORK
 
 
 class DeltaMode(NamedTuple):
@@ -132,7 +120,7 @@ class DeltaMode(NamedTuple):
 DELTA_MODES = {
     "rounded": DeltaMode(False, False),  # no gate, no sink: delta's ~1e-3 rounding costs little
     "refine": DeltaMode(True, False),  # gates: dgc is a reverse cumsum, which turns delta's error into a walk
-    "exact": DeltaMode(False, True),  # sinks: dq needs the exact delta itself (PERF.md #8)
+    "exact": DeltaMode(False, True),  # sinks: dq needs the exact delta itself
 }
 
 
@@ -184,7 +172,7 @@ def _tile_work(lengths: tuple, H: int, G: int, D: int, W: int):
 
 def _balanced(critical: int, total: int, sms: int) -> bool:
     """A launch's critical path (iterations of its longest program) within 1.25x the mean work per resident program
-    (two per SM, #23)."""
+    (two per SM)."""
     return critical <= 1.25 * total / (2 * sms)
 
 
@@ -197,7 +185,7 @@ def gqa_split(lengths: tuple, H: int, G: int, D: int, W: int, sms: int):
     tile sees. When that critical path is much longer than the average work per resident program, programs of
     short tiles finish and leave SMs idle while it runs; splitting the heads shortens it at the price of fp32
     partials and their sum. Counted in query-block iterations; below 64 iterations a split saves less kernel time
-    than its extra launch costs the host (#23, #31).
+    than its extra launch costs the host.
     """
     longest, total = _tile_work(lengths, H, G, D, W)
     for split in (1, 2, 4):

@@ -1,21 +1,22 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""The five-product backward's dK/dV kernel for Hopper, written in Gluon (issue 18, PERF.md #42w).
+"""The five-product backward's dK/dV kernel for Hopper, written in Gluon (issue 18).
 
-Same outputs as the Triton KV-head-owned kernel with STORE_DS (`parallel.parallel_attn_bwd_kernel_dkv_per_kv_head`,
-`from_ds.py`'s tile layout), in FlashAttention-3's structure, which Triton 3.6 does not build from the Triton kernel
-(PERF.md #42r): a persistent grid, a producer partition that copies K/V and each (query head, query block)'s q, dO,
+Same outputs as the Triton dS-storing kernel (`parallel.parallel_attn_bwd_kernel_dkv_ds_per_kv_head`, `from_ds.py`'s
+tile layout), in FlashAttention-3's structure, which Triton 3.6 does not build from the Triton kernel: a persistent
+grid, a producer partition that copies K/V and each (query head, query block)'s q, dO,
 lse and delta by TMA into a ring of shared-memory stages behind mbarriers, and two consumer warpgroups that run the
 four products of a [128 keys, 64 queries] tile (64 keys each, sharing every q/dO stage) and store the 16-bit dS^T
 by TMA, each from its own double-buffered shared-memory tile. Each consumer warpgroup is a partition of its own:
-in one 8-warp partition every TMA store and barrier arrival synchronised both (PERF.md #45). Work items are
+in one 8-warp partition every TMA store and barrier arrival synchronised both. Work items are
 (128-key tile, batch, KV head, share of the group), dealt to the programs longest first (`schedule`: static, so
 the result is deterministic).
 
 It is the FLAG launch of the two-launch containment (`host.add_contained`): every 64-key tile's flag says whether
 its dK/dV is not finite, and the Triton kernel's FIXUP launch recomputes those tiles with containment.
 
-Scope (`why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, full causal, T a multiple of 128, dense, gated or not,
-one launch per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on (`from_ds._hopper`). Gluon has no CPU
+Scope (`dispatch.hopper_why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, full causal, T a multiple of 128,
+dense, gated or not, one launch per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on (`dispatch._hopper`),
+its shares of each group by `dispatch.hopper_split`. Gluon has no CPU
 interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
 """
 
@@ -37,7 +38,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from fla_bwd.ops.attn import config
 from fla_bwd.ops.utils.launch import Launch, Ref, bind, descriptor_launcher, jit_function
-from fla_bwd.utils import is_interpreter
 
 # Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; later releases (3.9 on CI) async_load / async_store.
 _tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
@@ -63,9 +63,9 @@ BT_C = gl.constexpr(BT)
 BH_C = gl.constexpr(BH)
 BQ_C = gl.constexpr(BQ)
 D_C = gl.constexpr(D)
-STAGES = 3  # q/dO stages: 3 beat 2 by 1-3% at one K/V buffer (#42w); 198 KB of shared memory
+STAGES = 3  # q/dO stages: 3 beat 2 by 1-3% at one K/V buffer; 198 KB of shared memory
 STAGES_C = gl.constexpr(STAGES)  # partitions get their arguments as values: the ring's size stays a constant here
-MAX_IMBALANCE = 1.05  # `split_for`: the longest program's work over the mean
+MAX_IMBALANCE = 1.05  # `dispatch.hopper_split`: the longest program's work over the mean
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -121,8 +121,8 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
     """Consumer warpgroup i_wg: keys [64 i_wg, 64 i_wg + 64) of every item, the four products of each of its
     blocks, its dS^T stores and its item's dK/dV and flags. Its own partition, shared-memory tiles and barrier
     arrivals: the two warpgroups never wait for each other (as one 8-warp partition they met at four barriers an
-    iteration, PERF.md #45). Gated: scores get gc_query - gc_key; the gate's gradient comes from the stored tiles
-    (`from_ds.py`: here its key side cost 50 of 329 us at gqa4-long-gated, PERF.md #52)."""
+    iteration). Gated: scores get gc_query - gc_key; the gate's gradient comes from the stored tiles
+    (`from_ds.py`: here its key side cost 50 of 329 us at gqa4-long-gated)."""
     USE_G: gl.constexpr = gc is not None
     dtype: gl.constexpr = q_desc.dtype
     o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S))
@@ -148,7 +148,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
             acc_dv = gl.load(dv_in + p_out).to(gl.float32)
         mbarrier.wait(kv_ready.index(0), t & 1)
         for c in range(CHUNK):
-            band = ((i_b * H + i_h) * SPLIT + i_p) * CHUNK + c  # `from_ds.add_five_product_backward`'s band order
+            band = ((i_b * H + i_h) * SPLIT + i_p) * CHUNK + c  # `host.add_five_product`'s band order
             row = band * NTILE * BQ_C
             if USE_G:
                 g_row = (i_h * G + i_p * (G // SPLIT) + G0 + c).to(gl.int64) * (B * T) + i_b * T + key0
@@ -189,7 +189,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                 acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
-        if CHUNK == 1:  # one-head items released early lost: mha-long +2.3% (PERF.md #74)
+        if CHUNK == 1:  # one-head items released early lost: mha-long +2.3%
             mbarrier.arrive(kv_empty.index(0), count=1)
         # The FLAG launch's flag of this 64-key tile (the Triton kernel's program index): dK or dV not finite.
         bad = gl.max((((acc_dk - acc_dk) != 0) | ((acc_dv - acc_dv) != 0)).to(gl.int32), 1)
@@ -295,45 +295,15 @@ def programs_for(B: int, T: int, H: int, split: int, sms: int) -> int:
     return max(1, min(sms, B * H * split * (T // BT)))
 
 
-@functools.lru_cache(maxsize=256)  # the dispatch asks at every backward: 2.9 -> 0.1 us on the CPU machine
-def split_for(B: int, T: int, H: int, G: int, sms: int) -> int:
-    """The fewest shares of each group (1, 2, 4 dividing G) whose items balance the programs within
-    `MAX_IMBALANCE` (measured #42w: G8 at T4096 and B2 T2048 need 2; B1 T8192, GQA4 and MHA at B2 T2048 run 1), else
-    the best balanced."""
-    splits = [s for s in (1, 2, 4) if G % s == 0]
-    loads = {s: imbalance(B, T, H, s, programs_for(B, T, H, s, sms)) for s in splits}
-    return next((s for s in splits if loads[s] <= MAX_IMBALANCE), min(splits, key=loads.get))
-
-
-def why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
-    """None if this kernel can run a five-product backward of `host.Shape` s whose q, k, v and dO start 16-byte
-    aligned or not (`aligned`; the caller has checked `from_ds.eligible` and density), else why not."""
-    if is_interpreter() or device.type != "cuda":
-        return "it runs on CUDA GPUs only (no CPU interpreter for Gluon)"
-    if config.capability(device) != (9, 0):
-        return "it needs an sm_90 (Hopper) GPU"
-    if not (s.K == s.V == D):
-        return f"it needs head dims K = V = {D}"
-    if s.W < s.T:
-        return "it runs full causal attention only (no window)"
-    if s.T % BT:
-        return f"it needs T to be a multiple of {BT}"
-    if s.HQ * s.B * s.T >= 2**31:
-        return "HQ * B * T must stay under 2**31 (TMA coordinates of lse and delta)"
-    if not aligned:
-        return "q, k, v and dO must start at 16-byte aligned addresses (TMA)"
-    return None
-
-
 class HopperDkvLaunch:
     """Plan step (`launch.Plan.add`): one launch of `parallel_attn_bwd_kernel_dkv_ds_hopper` through the package's
     `launch.Launch` (its direct C-launcher path after the first call: Gluon's `kernel[grid]` binding took 519 us of
-    host time a launch on the H200's host, PERF.md #42x). The TMA descriptors are made once a call for every Hopper
+    host time a launch on the H200's host). The TMA descriptors are made once a call for every Hopper
     launch of it (each chunk's reads the same q, k, v, dO, lse, delta, dS): validated on the first call, then the
-    first call's fields over each later call's tensors (`_rebased`, #42y). Where Triton's launcher is 3.6's
+    first call's fields over each later call's tensors (`_rebased`). Where Triton's launcher is 3.6's
     (`launch.descriptor_launcher`), later calls skip both: each descriptor's expansion for the C launcher (its
     `cuTensorMapEncodeTiled`) is kept by the input's address, which is all that differs between calls of a plan,
-    and made again only for an address not seen before (PERF.md #56)."""
+    and made again only for an address not seen before."""
 
     def __init__(self, s, split: int, chunk: int, G0: int, ntile: int, args: dict):
         programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
@@ -371,7 +341,7 @@ class HopperDkvLaunch:
             self.templates = tuple((desc, name, _rebased(d, None)) for desc, name, d in made)  # hold no tensor
             env.update((desc, d) for desc, _, d in made)
             return
-        for desc, name, template in self.templates:  # the plan's key fixes all but the base (#42y)
+        for desc, name, template in self.templates:  # the plan's key fixes all but the base
             env[desc] = _rebased(template, env[name])
 
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:

@@ -1,29 +1,39 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""The host side of `parallel_attn`: buffers, NaN/Inf containment, and the launches of a forward and a backward.
+"""The host side of `parallel_attn`: a call's plans, built once per kind of call and replayed.
 
 `forward` and `backward` are the whole computation of a call (the autograd layer calls nothing else). Each looks up
-the call's `Plan` (`fla_bwd.ops.utils.launch`), keyed on everything the plan is built from, and runs it; a plan is
-built once per kind of call by `_build_forward` / `_build_backward`, which add one kernel's launches each through
-`add_fwd`, `add_dq`, `add_dkv` and `add_contained` (see there). So a call's host work is its key, its buffers
-and its launches (issue 19). Tile configs and policies come from `config.py`.
+the call's `Plan` (`fla_bwd.ops.utils.launch`), keyed on everything the plan is built from: the call (`call.Call`),
+the settings (`dispatch.Knobs`) and, for a backward, dO's alignment and whether the forward stored o_lo. A plan is
+built once per key from the call's `dispatch.Route` alone, by one function per kernel launch (`add_fwd`, `add_dq`,
+`add_dkv`, `add_five_product`: buffers, launch arguments, NaN/Inf containment). So a call's host work is its key,
+one dict lookup, its buffers and its launches.
+
+`parallel.py` holds `parallel_attn` beside the kernels (the design card's file), so it, `autograd` and this module
+import each other in one cycle; nothing else does.
 """
 
 import contextlib
 import functools
 import math
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
-from fla_bwd import settings
-from fla_bwd.ops.attn.config import DELTA_MODES, contain_inline, dkv_tiles, tile_config
-from fla_bwd.ops.attn.from_ds import FiveProduct, add_five_product_backward, five_product_chunk, needs_exact_o
+from fla_bwd.ops.attn import dispatch
+from fla_bwd.ops.attn.call import Call, Shape, make_call, window
+from fla_bwd.ops.attn.config import DELTA_MODES, DQ_FROM_DS_LAUNCH, tile_config
+from fla_bwd.ops.attn.from_ds import (
+    delta_kernel,
+    ds_layout,
+    gate_grad_of_band_kernel,
+    key_side_kernel,
+    parallel_attn_bwd_kernel_dq_from_ds,
+)
 from fla_bwd.ops.attn.gluon_dkv import HopperDkvLaunch
 from fla_bwd.ops.attn.inner import DS_BY_DESCRIPTOR, FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.parallel import (
-    DkvKernel,
-    dkv_kernel_for,
     ds_store_mode,
+    parallel_attn_bwd_kernel_dkv_ds_per_kv_head,
     parallel_attn_bwd_kernel_dkv_per_kv_head,
     parallel_attn_bwd_kernel_dkv_per_query_head,
     parallel_attn_bwd_kernel_dq,
@@ -31,61 +41,11 @@ from fla_bwd.ops.attn.parallel import (
 )
 from fla_bwd.ops.utils.cumsum import add_gate_cumsum, add_gate_grad
 from fla_bwd.ops.utils.group_sum import add_group_sum
-from fla_bwd.ops.utils.index import VarlenTiles, sequence_lengths, varlen_tiles
+from fla_bwd.ops.utils.index import VarlenTiles
 from fla_bwd.ops.utils.launch import Empty, Plan, Ref, aligned
-from fla_bwd.utils import cdiv, next_power_of_2
+from fla_bwd.utils import cdiv, is_interpreter, next_power_of_2
 
 _F32 = torch.float32
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# What a plan is built from
-# ----------------------------------------------------------------------------------------------------------------
-
-class Shape(NamedTuple):
-    """The call's sizes and flags that a plan is built from (with `tiles` for packed calls)."""
-    device: torch.device
-    B: int
-    T: int
-    HQ: int
-    H: int
-    K: int
-    V: int
-    dtype: torch.dtype
-    g_dtype: Optional[torch.dtype]  # None: no gate
-    sink_dtype: Optional[torch.dtype]  # None: no sink
-    scale: float
-    W: int  # the window clamped to T (`_window`)
-    containment: str  # settings.forced_containment() at the call
-    Q0: int = 0  # tail queries (`tail_forward`): q holds positions [Q0, T) of the keys' sequence; 0: all of them
-
-
-class Call(NamedTuple):
-    """What the forward of a call decided, which its backward reuses: the plan key (a `Shape`, the packed tile
-    counts and the inputs' alignment), the packed offsets read at the forward (None when dense), and whether q, k
-    and v all start 16-byte aligned (the Hopper dK/dV kernel's TMA needs it, `gluon_dkv.why_not`)."""
-    key: tuple
-    shape: Shape
-    tiles: Optional[VarlenTiles]
-    qkv_aligned: bool
-
-
-def _window(window_size: int, T: int) -> int:
-    # W == T already admits every causal pair; clamping keeps the kernels' int32 range arithmetic small.
-    return T if window_size == 0 else min(window_size, max(T, 1))
-
-
-def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int) -> Call:
-    """The `Call` of validated contiguous inputs; reads and checks `cu_seqlens`' values (`varlen_tiles`)."""
-    B, T, HQ, K = q.shape
-    tiles = varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None
-    shape = Shape(q.device, B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, g.dtype if g is not None else None,
-                  sink_bias.dtype if sink_bias is not None else None, scale, _window(window_size, T),
-                  settings.forced_containment())
-    qkv = (aligned(q), aligned(k), aligned(v))
-    key = (shape, tiles.key if tiles is not None else None, *qkv, aligned(g), aligned(sink_bias), aligned(cu_seqlens))
-    return Call(key, shape, tiles, all(qkv))
-
 
 # Plans by key. Cleared when full: a process that keeps changing shapes rebuilds, one that trains reuses.
 _PLANS: dict = {}
@@ -93,8 +53,8 @@ _MAX_PLANS = 512
 
 
 def clear_plans() -> None:
-    """Drop every cached plan: after a change to the tables they were built from or that the backward's dispatch
-    reads (`config`; the tune harness)."""
+    """Drop every cached plan: after a change to the tables they were built from or that the dispatch reads
+    (`config`; the tune harness)."""
     _PLANS.clear()
 
 
@@ -124,36 +84,48 @@ def _on_device(device: torch.device):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Containment
+# One function per kernel launch (the route's choices passed in; nothing here decides)
 # ----------------------------------------------------------------------------------------------------------------
 
-def add_contained(plan: Plan, s: Shape, kernel, programs: int, args: dict) -> None:
+def new_plan(s, inline: bool) -> Plan:
+    """An empty plan for a call of Shape s whose kernels contain NaN/Inf inline or in two launches (`inline`)."""
+    plan = Plan(s.device)
+    plan.tile_sizes = set()  # the BTs whose packed tile lists `host._run` binds ("chunks{BT}")
+    plan.flags = 0  # programs of the largest two-launch pair (`add_contained`)
+    plan.inline = inline
+    return plan
+
+
+def finish(plan: Plan) -> Plan:
+    if plan.flags:
+        plan.steps.insert(0, Empty("flags", (plan.flags,), torch.int8))
+    plan.allocate_late()
+    return plan
+
+
+def add_contained(plan: Plan, kernel, programs: int, args: dict) -> None:
     """Launch a kernel over `programs` programs so that a non-finite input reaches only the outputs that depend
     on it, in one of two ways, both exact (see `inner.any_nonfinite`):
     - two launches: a FLAG launch computes every tile plainly and stores per program whether its outputs are not
       finite; a FIXUP launch recomputes only the flagged tiles with containment and overwrites their outputs (the
       other programs read one byte and return);
-    - inline: one launch; a program whose outputs are not finite recomputes its tile with containment at once.
+    - inline (`plan.inline`): one launch; a program whose outputs are not finite recomputes its tile with
+      containment at once.
     Inline keeps the contained copy of the loops in the kernel, which makes the compiler schedule the plain loops
-    worse; two launches cost one more launch of host time. `contain_inline` picks by the amount of work (PERF.md
-    #17, #18, #31)."""
+    worse; two launches cost one more launch of host time (`dispatch.contain_inline` picks)."""
 
     def scratch(mode) -> bool:  # a launch that stores dS through a tensor descriptor: Triton's scratch at launch
         return ds_store_mode(args.get("ds"), mode.value) == DS_BY_DESCRIPTOR.value
 
-    if contain_inline(s.B, s.HQ, s.T, s.W, max(s.K, s.V)):
+    if plan.inline:
         plan.launch(kernel, (programs,), scratch(INLINE), nonfinite=None, CONTAIN=INLINE.value, **args)
         return
-    # One flag buffer for every pair of the call (`_finish` allocates it): each FLAG launch writes all the flags
+    # One flag buffer for every pair of the call (`finish` allocates it): each FLAG launch writes all the flags
     # its FIXUP reads, and the pairs run in stream order. One allocation less per pair on the host.
     plan.flags = max(plan.flags, programs)
     for mode in (FLAG, FIXUP):
         plan.launch(kernel, (programs,), scratch(mode), nonfinite=Ref("flags"), CONTAIN=mode.value, **args)
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# One kernel each
-# ----------------------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
 def _dims_of(HQ: int, H: int, K: int, V: int, dtype: torch.dtype) -> dict:
@@ -163,7 +135,7 @@ def _dims_of(HQ: int, H: int, K: int, V: int, dtype: torch.dtype) -> dict:
                 DOT_PREC="ieee" if dtype == torch.float32 else "tf32")
 
 
-def _common(plan: Plan, s: Shape, tiles: Optional[VarlenTiles], kernel: str):
+def _common(plan: Plan, s, tiles, kernel: str):
     """(tile config, tiles per head program, launch arguments every attention kernel takes) for `kernel`."""
     cfg = tile_config(kernel, max(s.K, s.V), s.dtype)
     BT = cfg["BT"]
@@ -179,30 +151,31 @@ def _common(plan: Plan, s: Shape, tiles: Optional[VarlenTiles], kernel: str):
     return cfg, NT, args
 
 
-def add_fwd(plan: Plan, s: Shape, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_o: bool = False) -> None:
+# ----------------------------------------------------------------------------------------------------------------
+# The forward and the seven-product backward
+# ----------------------------------------------------------------------------------------------------------------
+
+def add_fwd(plan: Plan, s, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_o: bool = False) -> None:
     """o `[B, T - Q0, HQ, V]` (q's dtype) and the base-2 log-sum-exp lse `[HQ, B * T]` (fp32; with tail queries
     only the query positions are written); with `exact_o`, also "o_lo" (o's shape, int8): o's rounding, for a gated
-    five-product backward (`from_ds.needs_exact_o`, `inner.o_lo_encode`)."""
+    five-product backward (`dispatch.needs_o_lo`, `inner.o_lo_encode`)."""
     o = plan.empty("o", (s.B, s.T - s.Q0, s.HQ, s.V), s.dtype)
     o_lo = plan.empty("o_lo", (s.B, s.T - s.Q0, s.HQ, s.V), torch.int8) if exact_o else None
     lse = plan.empty("lse", (s.HQ, s.B * s.T), _F32)
     _, NT, args = _common(plan, s, tiles, "fwd")
     if NT > 0:
-        add_contained(plan, s, parallel_attn_fwd_kernel, NT * s.B * s.HQ,
-                       dict(args, o=o, o_lo=o_lo, lse=lse, g_cumsum=gc, sink_bias=sink))
+        add_contained(plan, parallel_attn_fwd_kernel, NT * s.B * s.HQ,
+                      dict(args, o=o, o_lo=o_lo, lse=lse, g_cumsum=gc, sink_bias=sink))
 
 
-def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str) -> int:
+def add_dq(plan: Plan, s, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str) -> int:
     """dq in q's dtype, and delta `[HQ, B * T]` fp32 for the dK/dV kernel, in one launch (two with containment).
-    `delta_mode` (a key of `config.DELTA_MODES`) says how delta (rowsum(o * dO), from the rounded o) is computed
-    and treated:
-    - "rounded": used as is (no gate, no sink: its ~1e-3 relative error costs dq and dk little);
-    - "refine": dq uses it, then overwrites it with the fp32 rowsum(P * dP) for the dK/dV kernel (gates: dgc is
-      a reverse cumsum of dS sums, which turns delta's error into a random walk along the sequence); with gates
-      it also stores the query side of dgc into `dgc_q` (see `inner.dkv_one_head`);
-    - "exact": a first loop over the keys computes rowsum(P * dP) (two of dQ's three products), then dq uses it
-      (sinks: with a sink, dP - delta = p_sink * dP on a row that sees few keys, a small difference that the
-      rounded delta swamps; PERF.md #8). One launch with both loops since issue 19 (was two launches).
+    `delta_mode` (a key of `config.DELTA_MODES`, `dispatch.Route.delta`) says how delta (rowsum(o * dO), from the
+    rounded o) is computed and treated:
+    - "rounded": used as is;
+    - "refine": dq uses it, then overwrites it with the fp32 rowsum(P * dP) for the dK/dV kernel; with gates it also
+      stores the query side of dgc into `dgc_q` (see `inner.dkv_one_head`);
+    - "exact": a first loop over the keys computes rowsum(P * dP) (two of dQ's three products), then dq uses it.
     With a sink it also stores "dsink_partial" `[HQ, partials]` fp32 for the dK/dV kernel, which sums them into
     dsink. Returns the number of partials per head.
     """
@@ -213,20 +186,20 @@ def add_dq(plan: Plan, s: Shape, tiles, gc: Optional[Ref], dgc_q: Optional[Ref],
     sink = s.sink_dtype is not None
     partial = plan.empty("dsink_partial", (s.HQ, NT * s.B), _F32) if sink else None
     if NT > 0:
-        add_contained(plan, s, parallel_attn_bwd_kernel_dq, NT * s.B * s.HQ, dict(
+        add_contained(plan, parallel_attn_bwd_kernel_dq, NT * s.B * s.HQ, dict(
             args, o=Ref("o"), do=Ref("do"), dq=dq, dgc_q=dgc_q, lse=Ref("lse"), delta=delta, g_cumsum=gc,
             sink_bias=Ref("sink_bias") if sink else None, dsink_partial=partial, REFINE_DELTA=mode.refine,
             EXACT_DELTA=mode.exact))
     return NT * s.B
 
 
-def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, partials: int,
+def add_dkv(plan: Plan, s, tiles, gc: Optional[Ref], kernel, dkv_tiles: str, partials: int,
             out_dtype: Optional[torch.dtype] = None) -> None:
     """dk, dv in the inputs' dtypes; "dgc_k" `[HQ, B * T]` fp32, minus the key side of the gradient w.r.t. the
     gate's cumsum (gates only; the dQ kernel stored the query side, `add_gate_grad` adds the two); "dsink" `[HQ]` in
-    sink_bias's dtype (sinks only: the sum of the dQ kernel's `partials` per head). `kernel` (from
-    `dkv_kernel_for`) says which kernel computes them. `out_dtype` (default the inputs' dtype): dk's and dv's dtype
-    (fp32 for partials that are summed further, `tail_backward`)."""
+    sink_bias's dtype (sinks only: the sum of the dQ kernel's `partials` per head). `kernel` (a `dispatch.DkvKernel`)
+    says which kernel computes them, `dkv_tiles` its tile config. `out_dtype` (default the inputs' dtype): dk's and
+    dv's dtype (fp32 for partials that are summed further, `host.tail_backward`)."""
     out_dtype = s.dtype if out_dtype is None else out_dtype
     if kernel.per_kv_head:
         launched, NH, extra = parallel_attn_bwd_kernel_dkv_per_kv_head, s.H * kernel.split, {"SPLIT": kernel.split}
@@ -237,9 +210,7 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
     acc_dtype = _F32 if split else out_dtype
     dk = plan.empty("dk_part" if split else "dk", (s.B, s.T, NH, s.K), acc_dtype)
     dv = plan.empty("dv_part" if split else "dv", (s.B, s.T, NH, s.V), acc_dtype)
-    _, NT, args = _common(plan, s, tiles, dkv_tiles(max(s.K, s.V), s.dtype, s.W, s.T, s.g_dtype is not None))
-    if kernel.per_kv_head:
-        extra.update(ds=None, dk_in=None, dv_in=None, NTILE=None, G0=None, CHUNK=None, HEADS=None, ACC_OUT=False)
+    _, NT, args = _common(plan, s, tiles, dkv_tiles)
     sink = s.sink_dtype is not None
     dsink = None
     if sink:
@@ -248,19 +219,22 @@ def add_dkv(plan: Plan, s: Shape, tiles, gc: Optional[Ref], kernel: DkvKernel, p
                                                                                         Ref("sink_bias"))
     dgc_k = plan.empty("dgc_k", (s.HQ, s.B * s.T), _F32) if gc is not None else None
     if NT > 0:
-        add_contained(plan, s, launched, NT * s.B * NH, dict(
+        add_contained(plan, launched, NT * s.B * NH, dict(
             args, do=Ref("do"), dk=dk, dv=dv, dgc_k=dgc_k, lse=Ref("lse"), delta=Ref("delta"), g_cumsum=gc,
             dsink_partial=Ref("dsink_partial") if sink else None, dsink=dsink, NUM_PARTIALS=partials, **extra))
     if split:
         add_group_sum(plan, dk, dv, s.B, s.T, s.H, NH // s.H, s.K, s.V, out_dtype)
 
 
-def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper: bool, **five) -> None:
-    """One chunk's dK/dV launch of the five-product backward (`from_ds.add_five_product_backward`): the
-    KV-head-owned kernel with the dS store, `split` programs a key tile; `out` its fp32 buffers `[B, T, H * split,
-    *]`, or None for the last launch of an unsplit call ("dk", "dv" in the inputs' dtype). `hopper`: the Gluon
-    kernel (`gluon_dkv`) computes the chunk as the FLAG launch of two-launch containment, and the Triton kernel's
-    FIXUP launch recomputes the tiles it flagged."""
+# ----------------------------------------------------------------------------------------------------------------
+# The five-product backward
+# ----------------------------------------------------------------------------------------------------------------
+
+def _add_dkv_ds(plan: Plan, s, out: Optional[tuple], split: int, hopper: bool, **five) -> None:
+    """One chunk's dK/dV + dS launch: `parallel_attn_bwd_kernel_dkv_ds_per_kv_head`, `split` programs a key tile;
+    `out` its fp32 buffers `[B, T, H * split, *]`, or None for the last launch of an unsplit call ("dk", "dv" in the
+    inputs' dtype). `hopper`: the Gluon kernel (`gluon_dkv`) computes the chunk as the FLAG launch of two-launch
+    containment, and the Triton kernel's FIXUP launch recomputes the tiles it flagged."""
     dk, dv = out if out is not None else (plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype),
                                           plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype))
     _, NT, args = _common(plan, s, None, "dkv")
@@ -268,132 +242,180 @@ def add_dkv_chunk(plan: Plan, s: Shape, out: Optional[tuple], split: int, hopper
         return
     programs = NT * s.B * s.H * split
     gated = s.g_dtype is not None
-    args = dict(args, do=Ref("do"), dk=dk, dv=dv, dgc_k=None, lse=Ref("lse"),
-                delta=Ref("delta"), g_cumsum=Ref("gc") if gated else None, dsink_partial=None, dsink=None,
-                NUM_PARTIALS=0, SPLIT=split, **five)
+    for unused in ("cu_seqlens", "chunk_indices", "Q0"):  # dense, every query: the kernel takes none of them
+        del args[unused]
+    args = dict(args, do=Ref("do"), dk=dk, dv=dv, lse=Ref("lse"), delta=Ref("delta"),
+                g_cumsum=Ref("gc") if gated else None, SPLIT=split, **five)
     if not hopper:
-        add_contained(plan, s, parallel_attn_bwd_kernel_dkv_per_kv_head, programs, args)
+        add_contained(plan, parallel_attn_bwd_kernel_dkv_ds_per_kv_head, programs, args)
         return
     plan.flags = max(plan.flags, programs)
     plan.add(HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
         q=Ref("q"), k=Ref("k"), v=Ref("v"), do=Ref("do"), lse=Ref("lse"), delta=Ref("delta"), ds=five["ds"], dk=dk,
         dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"],
         gc=args["g_cumsum"])))
-    plan.launch(parallel_attn_bwd_kernel_dkv_per_kv_head, (programs,), nonfinite=Ref("flags"), CONTAIN=FIXUP.value,
-                **args)
+    plan.launch(parallel_attn_bwd_kernel_dkv_ds_per_kv_head, (programs,), nonfinite=Ref("flags"),
+                CONTAIN=FIXUP.value, **args)
+
+
+def add_gate_grad_by_band(plan: Plan, dgk_part: Ref, dgc_q: Ref, dg: Ref, s, heads_of: dict) -> None:
+    """Add `gate_grad_of_band_kernel` for the bands of one chunk (`heads_of`: the chunk's launch arguments) into
+    dg: keys a block as many as fill 8 warps' registers with one load of the partials (under the interpreter
+    one key tile, so that the tests' sequences cross several blocks)."""
+    BT = heads_of["BT"]
+    BR = BT if is_interpreter() else max(BT, min(1024, next_power_of_2(s.T)))
+    plan.launch(gate_grad_of_band_kernel, (heads_of["NUM_BANDS"],), dgk_part=dgk_part, dgc_q=dgc_q, dg=dg,
+                HQ=s.HQ, BR=BR, BP=max(1, min(16, 8192 // BR)), **heads_of, num_warps=8 if BR >= 1024 else 4)
+
+
+def add_five_product(plan: Plan, s, route) -> None:
+    """The five-product backward of `route` (`dispatch.Route` with `five`): delta, then per chunk of query heads its
+    dK/dV + dS launches (`route.heads_per_launch` heads of each share a launch) and its dQ-from-dS launch; with a
+    split, the shares' fp32 dK/dV partials summed last (`add_group_sum`). Buffers: "dq", "delta", "ds" (the chunk's
+    tiles, reused by every chunk), and two fp32 dK/dV sum buffers when there are several launches (ping-pong: a
+    FIXUP launch re-reads the sums its FLAG launch started from)."""
+    G = s.HQ // s.H
+    split, chunk, hopper = route.five
+    cfg = tile_config("dkv", max(s.K, s.V), s.dtype)
+    BT, BQ = cfg["BT"], cfg["BS"]
+    NTOK = s.B * s.T
+    dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
+    delta = plan.empty("delta", (s.HQ, NTOK), torch.float32)
+    R = NTOK * s.HQ
+    BV = next_power_of_2(s.V)
+    BR = max(1, 4096 // BV)
+    gated = s.g_dtype is not None
+    if R:
+        plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if route.delta == "o+o_lo" else None,
+                    do=Ref("do"), delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
+    ntile = ds_layout(s.T, s.W, BQ, BT)
+    NP = s.H * split  # programs a key tile
+    bands = s.B * NP * chunk
+    ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
+    # The gate's gradient: dQ from dS stores its query side, and partial sums of its key side, which
+    # `key_side_kernel` adds up, then the reverse scan; or `gate_grad_of_band_kernel` both at once (all from the
+    # stored tiles; the dK/dV kernels compute no gate gradient here).
+    dgc_q = dgc_k = dgk_part = dg = None
+    by_band = route.gate_grad == "by-band"
+    if gated:
+        dgc_q = plan.empty("dgc_q", (s.HQ, NTOK), torch.float32)
+        dgk_part = plan.empty("dgk_part", (cdiv(s.T, 2 * BQ), bands, s.T), torch.float32)
+        if by_band:
+            dg = plan.empty("dg", (s.B, s.T, s.HQ), s.g_dtype)
+        else:
+            dgc_k = plan.empty("dgc_k", (s.HQ, NTOK), torch.float32)
+    heads = route.heads_per_launch
+    launches = G // split // heads
+
+    def fp32_pair(name):
+        return (plan.empty(f"dk_{name}", (s.B, s.T, NP, s.K), torch.float32),
+                plan.empty(f"dv_{name}", (s.B, s.T, NP, s.V), torch.float32))
+
+    # (dk, dv) fp32 sum pairs: launch n writes pair n % 2 and the next launch reads it.
+    sums = [fp32_pair(f"sum{i}") for i in range(min(launches - 1, 2))]
+    last_out = fp32_pair("part") if split > 1 else None  # scaled partials, or None: "dk", "dv" in the inputs' dtype
+    for n in range(launches):
+        last = n == launches - 1
+        dk_in, dv_in = sums[(n - 1) % 2] if n > 0 else (None, None)
+        _add_dkv_ds(plan, s, last_out if last else sums[n % 2], split, hopper, ds=ds, NTILE=ntile, G0=n * heads,
+                    CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
+        done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
+        if done % chunk == 0 and s.T:  # a whole chunk: its dq rows (and the key side of its dgc)
+            heads_of = dict(T=s.T, W=s.W, G0=done - chunk, H=s.H, G=G, SPLIT=split, CHUNK=chunk, BT=BT, BQ=BQ,
+                            NUM_BANDS=bands)
+            plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
+                        dq=dq, dgc_q=dgc_q, dgk_part=dgk_part, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
+                        BK=max(16, next_power_of_2(s.K)), **heads_of, **DQ_FROM_DS_LAUNCH)
+            if by_band:
+                add_gate_grad_by_band(plan, dgk_part, dgc_q, dg, s, heads_of)
+            elif gated:
+                keys = max(BT, 256)  # a program's keys: whole key tiles; 1024 gave 2 programs a band, 9.8 us
+                plan.launch(key_side_kernel, (cdiv(s.T, keys), bands), dgk_part=dgk_part, dgc_k=dgc_k, BR=keys, BP=16,
+                            **heads_of, num_warps=4)
+    if last_out is not None:
+        add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
+    if gated and not by_band:
+        add_gate_grad(plan, dgc_q, dgc_k, None, s.B, s.B, s.T, s.HQ, s.g_dtype)
+
+
+def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
+    return s.B if tiles is None else len(tiles.lengths)
+
+
+def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int) -> Call:
+    """The `Call` of validated contiguous inputs, under the containment setting now."""
+    return make_call(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, dispatch.containment_knob())
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # A whole forward, a whole backward
 # ----------------------------------------------------------------------------------------------------------------
 
-def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
-    return s.B if tiles is None else len(tiles.lengths)
-
-
-def _new_plan(s: Shape) -> Plan:
-    plan = Plan(s.device)
-    plan.tile_sizes = set()  # the BTs whose packed tile lists `_run` binds ("chunks{BT}")
-    plan.flags = 0  # programs of the largest two-launch pair (`add_contained`)
-    return plan
-
-
-def _finish(plan: Plan) -> Plan:
-    if plan.flags:
-        plan.steps.insert(0, Empty("flags", (plan.flags,), torch.int8))
-    plan.allocate_late()
-    return plan
-
-
 def _build_forward(s: Shape, tiles: Optional[VarlenTiles], exact_o: bool) -> Plan:
-    plan = _new_plan(s)
+    plan = new_plan(s, dispatch.contain_inline(s, s.containment))
     cu = Ref("cu_seqlens") if tiles is not None else None
     gc = None
     if s.g_dtype is not None:
         gc = add_gate_cumsum(plan, Ref("g"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, (s.HQ, 1))
     add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None, exact_o)
-    return _finish(plan)
+    return finish(plan)
 
 
-def _dispatch_settings() -> tuple:
-    """The settings that the backward's dispatch reads (`five_product_chunk`, `dkv_kernel`), read now: with the call,
-    they key a plan whose building ran the dispatch, so that a kind of call seen before skips it (PERF.md #62).
-    `config`'s tables are not in it: `clear_plans` after changing them."""
-    return (settings.forced_dkv_path(), settings.forced_containment(), settings.forced_dq_path(),
-            settings.forced_ds_kernel(), settings.ds_budget_bytes())
-
-
-def _build_gated_forward(call: Call) -> Plan:
-    """A gated forward's plan, with o_lo where a backward under the settings now would take five products."""
-    return _build_forward(call.shape, call.tiles, needs_exact_o(call.shape, call.tiles is None,
-                                                                settings.forced_dkv_path(), call.qkv_aligned))
+def _build_gated_forward(call: Call, k: dispatch.Knobs) -> Plan:
+    """A gated forward's plan, with o_lo where its backward under settings `k` takes five products."""
+    return _build_forward(call.shape, call.tiles, dispatch.needs_o_lo(call, k))
 
 
 def _forward_plan(call: Call, gated_for_backward: bool) -> Plan:
     """The forward's plan; `gated_for_backward`: a gated call whose backward may follow, which makes o_lo where
-    that backward would take five products (`needs_exact_o`), so its key holds the dispatch's settings."""
+    that backward would take five products (`dispatch.needs_o_lo`), so its key holds the settings."""
     if not gated_for_backward:
         return _plan((call.key, False), _build_forward, call.shape, call.tiles, False)
-    return _plan(("fwd", call.key, _dispatch_settings()), _build_gated_forward, call)
+    k = dispatch.knobs()
+    return _plan(("fwd", call.key, k), _build_gated_forward, call, k)
 
 
 def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False):
     """(o, lse, the gate's cumsum gc times log2 e or None, o's rounding residual o_lo or None, the `Call` for the
     backward), for validated contiguous inputs. `window_size` 0 means full causal. `for_backward`: a backward may
-    follow, so make o_lo where it would need it (`from_ds.needs_exact_o`: a gated call that takes five products)."""
+    follow, so make o_lo where it would need it (`dispatch.needs_o_lo`: a gated call that takes five products)."""
     call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     plan = _forward_plan(call, for_backward and g is not None)  # ungated calls never need o_lo
     env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens), call.tiles)
     return env["o"], env["lse"], env.get("gc"), env.get("o_lo"), call
 
 
-def _delta_mode(s: Shape) -> str:
-    return "exact" if s.sink_dtype is not None else "refine" if s.g_dtype is not None else "rounded"
-
-
-def _build_backward(s: Shape, tiles: Optional[VarlenTiles], kernel: Optional[DkvKernel],
-                    five: Optional[FiveProduct]) -> Plan:
-    plan = _new_plan(s)
-    plan.five, plan.dkv = five, kernel  # the dispatch's decision, which the plan's key does not hold
-    if five is not None:
-        add_five_product_backward(plan, s, five, add_dkv_chunk)
-        return _finish(plan)
+def _build_backward(s: Shape, tiles: Optional[VarlenTiles], route: dispatch.Route) -> Plan:
+    """The backward's plan, from its route alone."""
+    plan = new_plan(s, route.containment == "inline")
+    plan.route = route  # the dispatch's decision, which the plan's key does not hold
+    if route.five is not None:
+        add_five_product(plan, s, route)
+        return finish(plan)
     gc = Ref("gc") if s.g_dtype is not None else None
     # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its key
     # side, and the reverse cumsum adds them.
     dgc_q = plan.empty("dgc_q", (s.HQ, s.B * s.T), _F32) if gc is not None else None
-    partials = add_dq(plan, s, tiles, gc, dgc_q, _delta_mode(s))
-    add_dkv(plan, s, tiles, gc, kernel, partials)
+    partials = add_dq(plan, s, tiles, gc, dgc_q, route.delta)
+    add_dkv(plan, s, tiles, gc, route.dkv, route.dkv_tiles, partials)
     if gc is not None:
         cu = Ref("cu_seqlens") if tiles is not None else None
         add_gate_grad(plan, dgc_q, Ref("dgc_k"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, s.g_dtype)
-    return _finish(plan)
+    return finish(plan)
 
 
-def dkv_kernel(call: Call, forced: str) -> DkvKernel:
-    """The dK/dV kernel of this call's seven-product backward (`parallel.dkv_kernel_for`; `forced`:
-    `settings.forced_dkv_path()`)."""
-    s = call.shape
-    return dkv_kernel_for(s.B, s.T, s.HQ, s.H, s.K, s.V, s.dtype, s.device, s.W,
-                          sequence_lengths(s.B, s.T, call.tiles), forced)
-
-
-def _build_dispatched_backward(call: Call, aligned_qkv_do: bool, exact_o: bool, forced_dkv: str) -> Plan:
-    """The dispatch (five products or which seven-product dK/dV kernel), then the backward's plan."""
-    five = five_product_chunk(call.shape, call.tiles is None, forced_dkv, aligned_qkv_do, exact_o)
-    kernel = dkv_kernel(call, forced_dkv) if five is None else None  # five products launch their own dK/dV kernel
-    # The plan's Shape keeps the forward's containment setting, which only keys plans: `contain_inline` reads the
-    # setting now, when the plan is built (it may change between a forward and its backward; the key has it).
-    return _build_backward(call.shape, call.tiles, kernel, five)
+def _build_routed_backward(call: Call, k: dispatch.Knobs, aligned_qkv_do: bool, exact_o: bool) -> Plan:
+    # The plan's Shape keeps the forward's containment setting, which only keys plans: the route reads the
+    # setting of the backward (`k`; it may change between a forward and its backward, and the key has it).
+    return _build_backward(call.shape, call.tiles, dispatch.route(call, k, aligned_qkv_do, exact_o))
 
 
 def _backward_plan(call: Call, do_aligned: bool, exact_o: bool) -> Plan:
     """The plan of a backward of `call` (q, k, v and dO 16-byte aligned or not, the forward's o_lo or not), keyed on
-    the dispatch's inputs (`_dispatch_settings`). It records the dispatch: `five` (the five-product backward's
-    `FiveProduct`, or None) and `dkv` (the seven-product backward's `DkvKernel`, or None)."""
-    dispatch = _dispatch_settings()
-    return _plan(("bwd", call.key, do_aligned, exact_o, dispatch), _build_dispatched_backward, call,
-                 call.qkv_aligned and do_aligned, exact_o, dispatch[0])
+    the settings now (`dispatch.knobs`). `plan.route` is the route it was built from."""
+    k = dispatch.knobs()
+    return _plan(("bwd", call.key, do_aligned, exact_o, k), _build_routed_backward, call, k,
+                 call.qkv_aligned and do_aligned, exact_o)
 
 
 def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,
@@ -445,8 +467,8 @@ def _tail_shape(q, k, v, gc, sink_bias, scale: float, window_size: int, cu_seqle
                          f"{list(gc.shape)}")
     # dsink comes back in fp32 (sink_dtype below): the context-parallel caller sums it over ranks before the cast.
     return Shape(q.device, B, Tk, HQ, k.shape[2], K, v.shape[3], q.dtype, _F32 if gc is not None else None,
-                 _F32 if sink_bias is not None else None, scale, _window(window_size, Tk),
-                 settings.forced_containment(), Tk - Tq)
+                 _F32 if sink_bias is not None else None, scale, window(window_size, Tk),
+                 dispatch.containment_knob(), Tk - Tq)
 
 
 def _tail_key(s: Shape, *tensors) -> tuple:
@@ -455,10 +477,10 @@ def _tail_key(s: Shape, *tensors) -> tuple:
 
 
 def _build_tail_forward(s: Shape) -> Plan:
-    plan = _new_plan(s)
+    plan = new_plan(s, dispatch.contain_inline(s, s.containment))
     add_fwd(plan, s, None, Ref("gc") if s.g_dtype is not None else None,
             Ref("sink_bias") if s.sink_dtype is not None else None)
-    return _finish(plan)
+    return finish(plan)
 
 
 def tail_forward(q, k, v, gc, sink_bias, scale: float, window_size: int, cu_seqlens=None):
@@ -473,13 +495,13 @@ def tail_forward(q, k, v, gc, sink_bias, scale: float, window_size: int, cu_seql
     return env["o"], env["lse"]
 
 
-def _build_tail_backward(s: Shape, kernel: DkvKernel, dkv_dtype: Optional[torch.dtype]) -> Plan:
-    plan = _new_plan(s)
+def _build_tail_backward(s: Shape, route: dispatch.Route, dkv_dtype: Optional[torch.dtype]) -> Plan:
+    plan = new_plan(s, route.containment == "inline")
     gc = Ref("gc") if s.g_dtype is not None else None
     dgc_q = plan.empty("dgc_q", (s.HQ, s.B * s.T), _F32) if gc is not None else None
-    partials = add_dq(plan, s, None, gc, dgc_q, _delta_mode(s))
-    add_dkv(plan, s, None, gc, kernel, partials, dkv_dtype)
-    return _finish(plan)
+    partials = add_dq(plan, s, None, gc, dgc_q, route.delta)
+    add_dkv(plan, s, None, gc, route.dkv, route.dkv_tiles, partials, dkv_dtype)
+    return finish(plan)
 
 
 def tail_backward(do, q, k, v, o, lse, gc, sink_bias, scale: float, window_size: int, cu_seqlens=None,
@@ -491,10 +513,9 @@ def tail_backward(do, q, k, v, o, lse, gc, sink_bias, scale: float, window_size:
     cumsum (natural units) at position p is dgc_k[p] plus dgc_q[p] where p is a query (the two halves of
     `inner.dkv_one_head`); the gate's gradient is its reverse cumsum."""
     s = _tail_shape(q, k, v, gc, sink_bias, scale, window_size, cu_seqlens)
-    kernel = dkv_kernel_for(s.B, s.T, s.HQ, s.H, s.K, s.V, s.dtype, s.device, s.W, sequence_lengths(s.B, s.T, None),
-                            settings.forced_dkv_path())
-    plan = _plan(("tail_bwd", kernel, dkv_dtype, _tail_key(s, do, q, k, v, o, gc, sink_bias)), _build_tail_backward,
-                 s, kernel, dkv_dtype)
+    route = dispatch.tail_route(s, dispatch.knobs())
+    plan = _plan(("tail_bwd", route, dkv_dtype, _tail_key(s, do, q, k, v, o, gc, sink_bias)), _build_tail_backward,
+                 s, route, dkv_dtype)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, do=do, lse=lse, gc=gc, sink_bias=sink_bias), None)
     dgc_q = dgc_k = None
     if gc is not None:

@@ -9,7 +9,7 @@ in int64, so no address overflows when a tensor passes 2**31 elements.
 Scores are kept in base-2 units: `qk_scale = scale * log2(e)`, the gate's cumulative sum gc arrives already
 multiplied by log2(e), and the softmax uses `exp2`; the saved log-sum-exp `lse` is in the same base-2 units.
 Each score adds the gate difference (gc_i - gc_j) as one per-element subtraction of the two fp32 cumsums, not
-folded into lse: gc grows like the sequence length, and the fold would round at that magnitude (PERF.md #6).
+folded into lse: gc grows like the sequence length, and the fold would round at that magnitude.
 
 Every loop over key (forward, dQ) or query (dK/dV) blocks is split in three ranges by the `*_ranges` helpers:
 blocks that need the window mask, blocks every row sees whole (no mask at all), and the causal diagonal. The block
@@ -31,7 +31,7 @@ FLAG = tl.constexpr(1)  # first of two launches: plain tiles; each program store
 FIXUP = tl.constexpr(2)  # second launch: only the flagged programs run, with SAFE, and overwrite their outputs
 
 # How the five-product dK/dV kernel stores its dS tiles: its `STORE_DS` constexpr (0: it stores none).
-DS_BY_DESCRIPTOR = tl.constexpr(1)  # a device-side tensor descriptor: a bulk copy from shared memory (PERF.md #42c)
+DS_BY_DESCRIPTOR = tl.constexpr(1)  # a device-side tensor descriptor: a bulk copy from shared memory
 DS_BY_POINTER = tl.constexpr(2)  # plain stores: FIXUP launches, whose few tiles need no descriptor scratch at launch
 
 
@@ -142,7 +142,7 @@ def any_nonfinite(b_x):
     CONTAIN modes INLINE, FLAG and FIXUP; `host.add_contained` picks). This is exact: the plain pass can
     only add NaN (0 * NaN, 0 * Inf) to what the contained pass computes, never remove one, so finite outputs of the
     plain pass are the contained result. Containment inside every masked block instead slowed the loops: the
-    zeroed operands left the shared-memory path of the matrix products and raised the spills (PERF.md #15)."""
+    zeroed operands left the shared-memory path of the matrix products and raised the spills."""
     return tl.sum(row_flags(b_x), 0) != 0
 
 
@@ -278,7 +278,7 @@ def fwd_tile(
 ):
     """The forward's key loop for the query tile [t0, t0 + BT) over the three `key_ranges`: (o unnormalised,
     running max m, running sum l). Its loads keep their row masks (FULL=False) even where the blocks are full: at
-    these tiles the unmasked loads cut the loops' instructions but raised their spills (PERF.md #22)."""
+    these tiles the unmasked loads cut the loops' instructions but raised their spills."""
     # [BT, BV]
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
@@ -493,7 +493,7 @@ def dkv_one_head(
     key side into its own buffer (`dgk_base`; with STORE_DS neither: `from_ds.py` sums both from the stored tiles), and
     the reverse cumsum of dg adds the two (`gate_grad`): a plain store,
     so that a program that recomputes its tile (see `any_nonfinite`) overwrites what it wrote the first time.
-    Not the closed form delta_j * p_sink_j of the full query-side sum: exact, but it keeps dS_jj (PERF.md #12).
+    Not the closed form delta_j * p_sink_j of the full query-side sum: exact, but it keeps dS_jj.
 
     TAIL_Q: only positions [Q0, T) are queries (Q0 a multiple of BS; `parallel._query_tile`): each range starts at
     Q0 at the earliest, so the ranges stay consecutive BS-blocks (from max(s0, Q0)) and no row before Q0 is read.

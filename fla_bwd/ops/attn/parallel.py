@@ -1,12 +1,12 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Causal softmax attention in Triton: the forward, dQ and two dK/dV kernels (query-head-owned and KV-head-owned),
-the dK/dV dispatch, and `parallel_attn`.
+"""Causal softmax attention in Triton: the forward, dQ and three dK/dV kernels (query-head-owned, KV-head-owned, and
+the KV-head-owned one that also stores dS for the five-product backward), and `parallel_attn`.
 
 A call goes `parallel_attn` -> `autograd` (a torch.library custom op under torch.compile, a plain
-autograd.Function in eager code) -> `host` (buffers, NaN/Inf containment, one launch per kernel through
-`fla_bwd.ops.utils.launch.Plan`) -> the kernels below, whose loop bodies are in `inner.py`. Tile sizes and
-per-call policies are in `config.py`; every FLA_BWD_* variable is read in `fla_bwd.settings`. ARCHITECTURE.md
-draws the whole path.
+autograd.Function in eager code) -> `host` (the plan of the call's route, `dispatch.route`) -> the kernels below,
+whose loop bodies are in `inner.py`. `parallel_attn` sits beside its kernels as in FLA, so this module, `autograd`
+and `host` import each other in one cycle (resolved by the import of `autograd` at the bottom); ARCHITECTURE.md
+draws the layers.
 
 Layouts. Inputs are token-major, `[B, T, heads, dim]`. Per-(head, token) fp32 side tensors (log-sum-exp, delta,
 the gate's cumulative sum gc and its gradient dgc) are head-major, `[HQ, B * T]`, so a tile of tokens of one head
@@ -15,15 +15,12 @@ is one contiguous load. A packed batch (`cu_seqlens`) has B == 1; every kernel m
 addresses through int64 base pointers. G is the GQA group size HQ // H everywhere.
 """
 
-import functools
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from fla_bwd import settings
-from fla_bwd.ops.attn.config import gqa_split, sm_count
 from fla_bwd.ops.attn.inner import (
     DS_BY_DESCRIPTOR,
     DS_BY_POINTER,
@@ -40,7 +37,6 @@ from fla_bwd.ops.attn.inner import (
     query_tile,
 )
 from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
-from fla_bwd.ops.utils.index import sequence_lengths, varlen_tiles
 
 _HEURISTICS = {
     "USE_G": lambda args: args["g_cumsum"] is not None,
@@ -186,7 +182,7 @@ def parallel_attn_bwd_kernel_dq(
 ):
     """dQ for one query tile of one query head, over the same key ranges as the forward, and delta for the dK/dV
     kernel (`host.add_dq` says which delta). By default it computes delta = rowsum(o * dO) of its rows and stores
-    it (no separate preprocess launch: a launch costs more host time than this sum costs the GPU, PERF.md #14).
+    it (no separate preprocess launch: a launch costs more host time than this sum costs the GPU).
     With REFINE_DELTA it then replaces delta by rowsum(P * dP) for the kernels that run next (see the end of this
     kernel), and with gates it stores the query side of dgc (see `dkv_one_head`). With EXACT_DELTA it computes
     rowsum(P * dP) in a first loop over the keys and uses that for dq too (`_dq_rows`). With a sink it stores its
@@ -224,7 +220,7 @@ def parallel_attn_bwd_kernel_dq(
         b_delta = tl.sum(tl.load(o + p_o, mask=m_o, other=0).to(tl.float32) * b_do.to(tl.float32), 1)
         if not LOOP_DELTA:
             # Stored now: kept live across the loops for a store and a check after them, it spilled the fp32
-            # kernel's loops (dq 6.6% slower on the H100, PERF.md #71).
+            # kernel's loops (dq 6.6% slower on the H100).
             tl.store(delta + row_base + o_t, b_delta, mask=m_t)
     b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
@@ -248,7 +244,7 @@ def parallel_attn_bwd_kernel_dq(
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
     # delta = rowsum(o * dO) carries o's rounding to the input dtype, and the gate gradient is a reverse cumsum of
-    # differences of dS sums, which turns that error into a random walk along the sequence (PERF.md #4): gated and
+    # differences of dS sums, which turns that error into a random walk along the sequence: gated and
     # sink calls store rowsum(P * dP), the same quantity from fp32 terms, for the dK/dV kernel, which runs next and
     # computes the key side of dgc (and dK, dsink) from it.
     if LOOP_DELTA:
@@ -307,7 +303,7 @@ def _dkv_heads(
     else:
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
         b_dv = tl.zeros([BT, BV], dtype=tl.float32)
-    # Unrolled with the dS store: there a runtime head loop made the loops spill 5x more at run time (PERF.md #42i).
+    # Unrolled with the dS store: there a runtime head loop made the loops spill 5x more at run time.
     for i_g in tl.range(0, NUM_HEADS, loop_unroll_factor=NUM_HEADS if STORE_DS else None):
         i_hq = i_hq0 + i_g
         row_base = i_hq.to(tl.int64) * NTOK + bos
@@ -380,14 +376,15 @@ def _dkv_tile(
 # The dK/dV kernels take the dQ kernel's dsink partials instead of the sink itself.
 _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
                    "TAIL_Q": _HEURISTICS["TAIL_Q"], "USE_SINK": lambda args: args["dsink"] is not None}
-# The KV-head-owned kernel also serves the five-product backward (`from_ds.py`): dS stores, chunks of heads.
-_DKV_KV_HEURISTICS = dict(_DKV_HEURISTICS, STORE_DS=lambda args: ds_store_mode(args["ds"], args["CONTAIN"]),
-                          ACC_IN=lambda args: args["dk_in"] is not None)
+# The dS-storing kernel: how it stores dS follows from CONTAIN (`ds_store_mode`), ACC_IN from its input sums.
+_DKV_DS_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"],
+                      "STORE_DS": lambda args: ds_store_mode(args["ds"], args["CONTAIN"]),
+                      "ACC_IN": lambda args: args["dk_in"] is not None}
 
 
 def ds_store_mode(ds, contain: int) -> int:
-    """STORE_DS of the KV-head-owned kernel, which also says its launch's scratch (`host.add_contained`): none without
-    a dS buffer; by pointer in FIXUP launches (a few recomputed tiles: no descriptor); else by descriptor."""
+    """STORE_DS of the dS-storing kernel, which also says its launch's scratch (`host.add_contained`): none
+    without a dS buffer; by pointer in FIXUP launches (a few recomputed tiles: no descriptor); else by descriptor."""
     if ds is None:
         return 0
     return (DS_BY_POINTER if contain == FIXUP.value else DS_BY_DESCRIPTOR).value
@@ -420,16 +417,15 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
 
 
-@triton.heuristics(_DKV_KV_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS", "NTILE", "G0"])
+@triton.heuristics(_DKV_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_kv_head(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    ds, dk_in, dv_in, scale, T, W, NTOK, B, NUM_PARTIALS, Q0, NTILE, G0,
+    scale, T, W, NTOK, B, NUM_PARTIALS, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
-    ACC_OUT: tl.constexpr, CHUNK: tl.constexpr, HEADS: tl.constexpr,
+    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr,
 ):
     """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
     loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
@@ -438,104 +434,61 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     With SPLIT > 1 the group's heads are dealt to SPLIT programs of G / SPLIT heads each, which store fp32 partials
     into `[B, T, H * SPLIT, *]` for the host to sum: SPLIT times the programs, for calls too short to keep the GPU
     busy with one program per KV head (the dispatch rule is `config.gqa_split`). With a sink, program 0 also
-    completes dsink (`_sum_dsink`).
-
-    The five-product backward (`from_ds.py`; dense, no sink) launches it for HEADS query heads of each
-    program's share of a group at a time, heads [G0, G0 + HEADS) of the share, of a chunk of CHUNK heads a share
-    whose dS tiles share one buffer: each program also stores its dS tiles (STORE_DS: through a tensor descriptor,
-    whose scratch Triton allocates at launch, or, in FIXUP launches, by plain stores), starts from the earlier
-    launches' fp32 sums (ACC_IN) and, but for the last launch, stores fp32 sums unscaled (ACC_OUT)."""
+    completes dsink (`_sum_dsink`)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
-    tl.static_assert(not STORE_DS or not (USE_SINK or IS_VARLEN or TAIL_Q),
-                     "the five-product backward is dense and sinkless")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
     i_part, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT, BT=BT,
                                             IS_VARLEN=IS_VARLEN)
     i_hq0 = i_part * (G // SPLIT)
-    ds_slot0 = 0
-    if STORE_DS:
-        i_hq0 += G0
-        # The band of this launch's first head: (batch, KV head and share, head in chunk).
-        ds_slot0 = (bos // T * (H * SPLIT) + i_part) * CHUNK + G0 % CHUNK
-        if STORE_DS == DS_BY_DESCRIPTOR:
-            # One [B * H * SPLIT * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `ds_chunk`).
-            ds = tl.make_tensor_descriptor(ds, shape=[B * (H * SPLIT * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
-                                           block_shape=[BT, BS])
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale,
-        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
-        W=W, NTOK=NTOK, NTILE=NTILE, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS if STORE_DS else G // SPLIT,
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, scale,
+        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
+        W=W, NTOK=NTOK, NTILE=None, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q,
-        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT)
+        STORE_DS=0, ACC_IN=False, ACC_OUT=False)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# dK/dV dispatch
-# ----------------------------------------------------------------------------------------------------------------
-
-class DkvKernel(NamedTuple):
-    """The dK/dV kernel of one backward: KV-head-owned (`per_kv_head`; each group's query heads dealt to `split`
-    programs whose fp32 partials are then summed) or query-head-owned (`split` 1; then a sum over each group)."""
-    per_kv_head: bool
-    split: int = 1
-
-    @property
-    def name(self) -> str:
-        """The name users type for it (FLA_BWD_DKV_PATH, `dkv_path`)."""
-        if not self.per_kv_head:
-            return "per-query-head"
-        return "gqa" if self.split == 1 else f"gqa-split{self.split}"
-
-
-PER_QUERY_HEAD = DkvKernel(per_kv_head=False)
-_BY_NAME = {"gqa": DkvKernel(True, 1), "gqa-split2": DkvKernel(True, 2), "gqa-split4": DkvKernel(True, 4),
-            "per-query-head": PER_QUERY_HEAD, "legacy": PER_QUERY_HEAD}
-
-
-def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: Optional[int] = None,
-                      cu_seqlens: Optional[torch.Tensor] = None) -> DkvKernel:
-    """The dK/dV kernel that a seven-product backward of these inputs uses (`dkv_kernel_for`, settings read now).
-    A five-product backward (`from_ds.five_product_chunk`: long dense calls by default) runs the KV-head-owned kernel
-    with its dS store instead."""
-    B, T, HQ, K = q.shape
-    W = T if window_size is None else window_size
-    lengths = sequence_lengths(B, T, varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None)
-    return dkv_kernel_for(B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, q.device, W, lengths,
-                          settings.forced_dkv_path())
-
-
-@functools.lru_cache(maxsize=1024)
-def dkv_kernel_for(B: int, T: int, HQ: int, H: int, K: int, V: int, dtype: torch.dtype, device: torch.device,
-                   W: int, lengths: tuple, forced: str) -> DkvKernel:
-    """The dK/dV kernel for one call.
-
-    KV-head-owned for fp16/bf16 GQA with K == V in {64, 128} and G in {2, 4, 8}: one program per KV head unless on
-    a GPU the call is load-imbalanced for it, then the smallest split that balances it (`config.gqa_split`), and
-    query-head-owned if none does. Everything else is query-head-owned: MHA has nothing to reduce, and fp32,
-    K != V, other head dims and G > 8 have not been measured to win (PERF.md, "dK/dV dispatch").
-    `forced` (`settings.forced_dkv_path()`: `dkv_path(...)` or FLA_BWD_DKV_PATH) forces any kernel; all are correct
-    for every input they accept, and a forced split that does not divide G raises ValueError here, before any
-    backward kernel runs.
-    """
-    G = HQ // H
-    if forced != "auto":
-        kernel = _BY_NAME[forced]
-        if G % kernel.split:
-            raise ValueError(f"dK/dV path {forced!r} deals each group's query heads to {kernel.split} programs, so "
-                             f"it needs HQ // H to be a multiple of {kernel.split}; got HQ // H = {G}")
-        return kernel
-    if not (dtype in (torch.float16, torch.bfloat16) and K == V and K in (64, 128) and G in (2, 4, 8)):
-        return PER_QUERY_HEAD
-    if device.type != "cuda":
-        return _BY_NAME["gqa"]
-    split = gqa_split(lengths, H, G, K, W, sm_count(device))
-    return PER_QUERY_HEAD if split is None else DkvKernel(True, split)
+@triton.heuristics(_DKV_DS_HEURISTICS)
+@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NTILE", "G0"])
+def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
+    q, k, v, do, dk, dv, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale, T, W, NTOK, B, NTILE, G0,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, SPLIT: tl.constexpr,
+    STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, CHUNK: tl.constexpr, HEADS: tl.constexpr,
+):
+    """The five-product backward's dK/dV (`from_ds.py`; dense, every query, no sink): the KV-head-owned kernel's
+    loops over HEADS query heads of each program's share of a group, heads [G0, G0 + HEADS) of the share, of a
+    chunk of CHUNK heads a share whose dS tiles share one buffer. Each program also stores its dS tiles (STORE_DS:
+    through a tensor descriptor, whose scratch Triton allocates at launch, or, in FIXUP launches, by plain stores),
+    starts from the earlier launches' fp32 sums (ACC_IN) and, but for the last launch, stores fp32 sums unscaled
+    (ACC_OUT). The gate's gradient comes from the stored tiles (`from_ds.py`), not from here."""
+    tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
+    tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
+    if CONTAIN == FIXUP:
+        if tl.load(nonfinite + tl.program_id(0)) == 0:
+            return
+    i_part, bos, T, s0, o_s, m_s = key_tile(B, T, None, None, NH=H * SPLIT, BT=BT, IS_VARLEN=False)
+    i_hq0 = i_part * (G // SPLIT)
+    i_hq0 += G0
+    # The band of this launch's first head: (batch, KV head and share, head in chunk).
+    ds_slot0 = (bos // T * (H * SPLIT) + i_part) * CHUNK + G0 % CHUNK
+    if STORE_DS == DS_BY_DESCRIPTOR:
+        # One [B * H * SPLIT * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `dispatch.ds_chunk`).
+        ds = tl.make_tensor_descriptor(ds, shape=[B * (H * SPLIT * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
+                                       block_shape=[BT, BS])
+    _dkv_tile(
+        q, k, v, do, dk, dv, None, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale,
+        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
+        W=W, NTOK=NTOK, NTILE=NTILE, Q0=None, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS,
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=False,
+        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -586,10 +539,10 @@ def parallel_attn(
         window_size, scale, an unknown keyword; FLA's removed `head_first` raises `HeadFirstRemoved`, a
         TypeError), before any kernel runs.
 
-    The package is Triton-only: `FLA_DISABLE_BACKEND_DISPATCH=1` is accepted and changes nothing. The dK/dV kernel
-    is picked per call by `select_dkv_kernel`; force one with `dkv_path(...)` or FLA_BWD_DKV_PATH. dq is
-    recomputed (seven products) or read from stored dS tiles (five products: long dense MHA by default,
-    `from_ds.five_product_chunk`; `dq_path(...)` or FLA_BWD_DQ_PATH, scratch bounded by FLA_BWD_DS_BUDGET_MIB).
+    The package is Triton-only: `FLA_DISABLE_BACKEND_DISPATCH=1` is accepted and changes nothing. Which kernels run
+    the backward is decided once per kind of call by `dispatch.route`; `select_backward(q, k, v, ...).explain()`
+    prints that route and why. `dkv_path(...)`/FLA_BWD_DKV_PATH force the dK/dV kernel, `dq_path(...)`/
+    FLA_BWD_DQ_PATH seven products ("recompute") or five ("from-ds", scratch bounded by FLA_BWD_DS_BUDGET_MIB).
     """
     check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices, kwargs)
     if window_size == 0:  # FLA's meaning: no key visible, the sink (required) takes all the mass

@@ -21,7 +21,7 @@ def segment_cumsum_kernel(
     """One program scans one (sequence, head), BT tokens at a time, carrying the running fp32 sum; the output is
     multiplied by SCALE. With x2 (same layout as x) it scans x + x2.
     One head a program and long chunks: the scan is a chain of dependent chunks, so its time is the chunk count
-    times one chunk's latency (PERF.md #32)."""
+    times one chunk's latency."""
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)

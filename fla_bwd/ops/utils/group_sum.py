@@ -2,7 +2,7 @@
 """The dK/dV group sum: per-program fp32 partials `[B, T, H * S, D]` (S programs wrote one KV head's gradient,
 each from some of its query heads) -> `[B, T, H, D]` in the inputs' dtype, dK and dV in one launch that reads each
 partial once and casts once. torch's `view(...).sum(3).to(dtype)` took four kernels for the pair (two sums, two
-casts) and wrote an fp32 intermediate (PERF.md #24)."""
+casts) and wrote an fp32 intermediate."""
 
 import torch
 import triton

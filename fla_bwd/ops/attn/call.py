@@ -1,0 +1,56 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""What one call is, as the dispatch and the plans see it: its `Shape` (the sizes and flags a plan is built from) and
+its `Call` (the plan key, the packed tiles read once at the forward, the inputs' alignment)."""
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from fla_bwd.ops.utils.index import VarlenTiles, varlen_tiles
+from fla_bwd.ops.utils.launch import aligned
+
+
+class Shape(NamedTuple):
+    """The call's sizes and flags that a plan is built from (with `tiles` for packed calls)."""
+    device: torch.device
+    B: int
+    T: int
+    HQ: int
+    H: int
+    K: int
+    V: int
+    dtype: torch.dtype
+    g_dtype: Optional[torch.dtype]  # None: no gate
+    sink_dtype: Optional[torch.dtype]  # None: no sink
+    scale: float
+    W: int  # the window clamped to T (`window`)
+    containment: str  # the FLA_BWD_CONTAINMENT setting at the call (`dispatch.knobs`)
+    Q0: int = 0  # tail queries (`host.tail_forward`): q holds positions [Q0, T) of the keys' sequence; 0: all of them
+
+
+class Call(NamedTuple):
+    """What the forward of a call decided, which its backward reuses: the plan key (a `Shape`, the packed tile
+    counts and the inputs' alignment), the packed offsets read at the forward (None when dense), and whether q, k
+    and v all start 16-byte aligned (the Hopper dK/dV kernel's TMA needs it, `dispatch.hopper_why_not`)."""
+    key: tuple
+    shape: Shape
+    tiles: Optional[VarlenTiles]
+    qkv_aligned: bool
+
+
+def window(window_size: int, T: int) -> int:
+    """The window clamped to T (0: full causal): W == T already admits every causal pair, and the clamp keeps the
+    kernels' int32 range arithmetic small."""
+    return T if window_size == 0 else min(window_size, max(T, 1))
+
+
+def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, containment: str) -> Call:
+    """The `Call` of validated contiguous inputs under the containment setting `containment`; reads and checks
+    `cu_seqlens`' values (`varlen_tiles`)."""
+    B, T, HQ, K = q.shape
+    tiles = varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None
+    shape = Shape(q.device, B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, g.dtype if g is not None else None,
+                  sink_bias.dtype if sink_bias is not None else None, scale, window(window_size, T), containment)
+    qkv = (aligned(q), aligned(k), aligned(v))
+    key = (shape, tiles.key if tiles is not None else None, *qkv, aligned(g), aligned(sink_bias), aligned(cu_seqlens))
+    return Call(key, shape, tiles, all(qkv))
