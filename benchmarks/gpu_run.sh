@@ -8,9 +8,8 @@
 #     PART=2 bash benchmarks/gpu_run.sh      # part 2: no gate (inherits part 1's stamp, else deferred to the merge)
 #     PART=3 bash benchmarks/gpu_run.sh
 # On a two-GPU machine two parts may run at once, one per GPU (CUDA_VISIBLE_DEVICES=0/1, separate OUT), the
-# second started ~45 s after the first (both install the wheels into /tmp/site): benchmarks/tools/two_gpus.sh
-# "JOB 1" "JOB 2" does that. The shared host then colours the host-bound short rows (benchmarks/results/README.md
-# says how the run of record was made).
+# second started ~45 s after the first (both install the wheels into /tmp/site). The shared host then colours the
+# host-bound short rows.
 # Two parts beside each other need the device command's full 600 s: each runs ~430 s, the second starts 45 s
 # later, and a command killed at its limit returns only a few of its files (2026-11-30: a 480 s limit lost part 3).
 #     python benchmarks/merge.py .../summary-part1.json .../summary-part2.json .../summary-part3.json --out-dir DIR

@@ -195,7 +195,7 @@ def _step_graphs(build: Callable[[str], Callable], side) -> dict:
 
 
 # Replays per graph of `paired_graphs_us`: its figures decide a strict bar (no slower than 12ac0d6 by kernel time)
-# where the packages differ by < 1%: 100 left same-SASS kernels 0.3-1.4% apart (PERF.md #71, #73).
+# where the packages differ by < 1%: 100 left same-SASS kernels 0.3-1.4% apart (H100 records of 2026-12-05/06).
 PAIRED_CALLS = 300
 # Consecutive blocks of those calls, each with its own backward figure: the spread of a paired ratio across them is
 # printed beside its check (`summary.check_lines`), so a reader sees how far the point estimate moves within a run.

@@ -6,7 +6,7 @@
     python -m benchmarks.ops.plan --part 2/2   # the comma-separated shape names of one part (what gpu_run.sh uses)
 
 The estimate (seconds) is deliberately a fixed table, not read from a results file, so every part of one commit
-computes the same split. It comes from the 2026-11-29 H200 run (benchmarks/results/summary.json: gate 131.5 s,
+computes the same split. It comes from the 2026-11-29 H200 run (its summary.json, in git history: gate 131.5 s,
 per-mode `seconds`, 330 s for gate + 16 shapes, of which 17 s between modes, about 1.1 s a shape):
 
 - `AB_S`: the shape's A/B alone (dispatch + legacy, bwd and fwdbwd, kernel count, peak memory, first-call compile of

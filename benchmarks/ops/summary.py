@@ -96,7 +96,7 @@ def aggregate(records, modes) -> dict:
 def checks(records, modes) -> list:
     """The gated/ungated checks, then `baseline_checks`: per twin and mode, our median's ratio (the check of
     record), and where both rows measured host overhead (`--overhead`), the same ratio of their whole-step CUDA-graph
-    kernel times, labelled "graph kernels": at T = 2048 the eager medians sit at the host/GPU line (PERF.md #46), so
+    kernel times, labelled "graph kernels": at T = 2048 the eager medians sit at the host/GPU line (host-bound rows), so
     that line says what the kernels alone cost."""
     by = {r["shape"]["name"]: r for r in records}
     out = []

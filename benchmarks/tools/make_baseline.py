@@ -14,7 +14,7 @@ git-ignored: carry it to the device machine (`carry: [".whl", ".baseline"]`). Th
 
 With `--patch FILE` the commit's package gets a candidate patch first (`fla_bwd_<commit>_<patch name>`, labelled
 `fla_bwd@<commit>+<patch name>`): the runner then times the candidate against this checkout in one process,
-interleaved round by round (e.g. `benchmarks/results/five-product/run51-kv-early-dq-hot/make_trees.sh`).
+interleaved round by round.
 """
 
 import argparse

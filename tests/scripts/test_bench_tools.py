@@ -1,10 +1,8 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """Tests for the GPU harnesses in benchmarks/tools/: each parses its arguments on a CPU machine, and the parts that
-do not need a GPU (tune_attn.py's table overrides, profile_host.py's --smoke run, the PYTHONPATH that ab_trees.sh
-uses to pick the package under test) run here under the interpreter."""
+do not need a GPU (tune_attn.py's table overrides, the PYTHONPATH that ab_trees.sh uses to pick the package under
+test) run here under the interpreter."""
 
-import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +21,7 @@ def run(script, *args, env=None, cwd=None):
                           env=env, cwd=cwd, timeout=120)
 
 
-@pytest.mark.parametrize("script", ["tune_attn.py", "profile_host.py", "ncu_dkv.py"])
+@pytest.mark.parametrize("script", ["tune_attn.py"])
 def test_help(script, tmp_path):
     # from another folder: the scripts find the repository's packages themselves
     proc = run(script, "--help", cwd=tmp_path)
@@ -105,92 +103,3 @@ def test_tune_attn_norefine_reaches_the_dq_launcher():
     assert not torch.equal(base[1], norefine[1])
     for i in (1, 2):
         torch.testing.assert_close(norefine[i], base[i], rtol=1e-3, atol=1e-3)
-
-
-def test_profile_host_smoke_run(tmp_path):
-    """profile_host.py end to end on the CPU (--smoke: tiny rows under the interpreter; not a measurement): ours and
-    SDPA timed on each row with a per-round ratio for every metric, the autograd floor and the environment in the
-    JSON, the process pinned to one core; with --steps, our backward's host time step by step (`host_steps.py`)."""
-    out, rows = tmp_path / "host.json", ["gqa4-short-gated", "varlen-T2048", "gqa4-short-sink"]
-    proc = subprocess.run([sys.executable, str(TOOLS / "profile_host.py"), "--smoke", "--steps", "--rows",
-                           ",".join(rows), "--json", str(out)], capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, TRITON_INTERPRET="1"))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "SMOKE (not a measurement)" in proc.stdout
-    rec = json.loads(out.read_text())
-    assert rec["smoke"] and rec["env"]["torch"] == torch.__version__ and {"commit", "date", "gpu"} <= set(rec["env"])
-    assert rec["env"]["cpu_affinity"].startswith("pinned to CPU core") or not hasattr(os, "sched_setaffinity")
-    assert rec["autograd_floor"]["bwd_idle_us"] > 0 and rec["launch_floor"] == {"skipped": "no GPU"}
-    assert list(rec["rows"]) == rows
-    for name, row in rec["rows"].items():
-        assert "error" not in row, (name, row)
-        for m in ("fwd_idle", "fwd_b2b", "bwd_idle", "bwd_b2b"):
-            assert row["ours"][m]["median_us"] > 0 and row["sdpa_fa2"][m]["median_us"] > 0, (name, m)
-            assert len(row["ratio_ours_over_sdpa"][m]["rounds"]) == rec["settings"]["rounds"] == 2
-        labels, times = zip(*row["steps_idle_us"])
-        assert labels[0] == "Function.backward entered" and labels[-1] == "returned", (name, labels)
-        assert any(label.startswith("Launch ") for label in labels) and "alloc dq" in labels, (name, labels)
-        assert list(times) == sorted(times) and times[0] > 0, (name, times)
-    assert rec["rows"]["varlen-T2048"]["ours"]["call"].endswith("+cu_seqlens")
-    assert "+g" in rec["rows"]["gqa4-short-gated"]["ours"]["call"]
-    assert "enable_gqa=True" in rec["rows"]["gqa4-short-sink"]["sdpa_fa2"]["call"]
-    assert run("profile_host.py", "--rows", "nope").returncode == 2
-
-
-def test_five_ab_knobs_set_and_restore_the_dq_launch():
-    """five_ab.py's "+wN/+sN/+rN" candidates: parsed into the dQ-from-dS launch config, set inside the block with a
-    plan cache of their own, and the config and the package's plan cache restored after it."""
-    from benchmarks.tools import five_ab
-    from fla_bwd.ops.attn import config, host
-
-    default = dict(config.DQ_FROM_DS_LAUNCH)
-    assert five_ab.knobs("five") == {}
-    assert five_ab.candidate("five@64+w8") == ("from-ds", "64")
-    assert five_ab.knobs("five+w8+s4+r128") == {
-        "DQ_FROM_DS_LAUNCH": dict(default, num_warps=8, num_stages=4, maxnreg=128)}
-    with pytest.raises(ValueError, match="unknown knob 'pair'"):
-        five_ab.knobs("five+pair")
-    plans = host._PLANS
-    with five_ab._Env("five+w8"):
-        assert config.DQ_FROM_DS_LAUNCH["num_warps"] == 8
-        assert host._PLANS is not plans
-    assert config.DQ_FROM_DS_LAUNCH == default
-    assert host._PLANS is plans
-
-
-def test_host_loop_parses_and_refuses_bad_names():
-    """host_loop.py (PERF.md #43) parses on the CPU and names a bad row or kind; it needs a GPU to measure."""
-    def host_loop(*args):
-        return subprocess.run([sys.executable, "-m", "benchmarks.tools.host_loop", *args], capture_output=True,
-                              text=True, cwd=REPO, timeout=120)
-    proc = host_loop("--help")
-    assert proc.returncode == 0 and proc.stdout.startswith("usage:"), proc.stderr
-    proc = host_loop("--rows", "mha-long,nope")
-    assert proc.returncode == 2 and "unknown shape 'nope'" in proc.stderr
-    proc = host_loop("--kinds", "triton,flash")
-    assert proc.returncode == 2 and "'flash' is not" in proc.stderr
-    if not torch.cuda.is_available():
-        proc = host_loop()
-        assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
-
-
-def test_host_loop_calls_are_the_runners_backward(monkeypatch):
-    """host_loop.py's timed calls (on the CPU, a registered smoke row): the runner's bwd candidate, its backward
-    through `EagerParallelAttn` (stamped) under each kind's FLA_BWD_DS_KERNEL, returning q, k and v's gradients."""
-    from benchmarks.tools import host_loop
-    from fla_bwd import settings
-
-    seen = []
-    monkeypatch.setattr(settings, "ds_kernel", lambda kind: (seen.append(kind), contextlib.nullcontext())[1])
-    stamps = host_loop.Stamps()
-    try:
-        calls = host_loop.row_calls("smoke", ["triton", "hopper"], device="cpu")
-        assert set(calls) == {"triton", "hopper"}
-        for kind, fn in calls.items():
-            seen.clear()
-            stamps.calls.clear()
-            grads = fn()
-            assert len(grads) == 3 and all(torch.isfinite(g).all() for g in grads)
-            assert seen == [kind] and len(stamps.calls) == 1
-    finally:
-        stamps.restore()
