@@ -11,7 +11,7 @@
 # One H200 alone (cold Triton cache, 8 workers) got through 56% of the files in 400 s (2026-12-03): there, give it
 # two device calls, one share of the files each: SHARE=1/2 bash scripts/gpu_tests.sh 540, then SHARE=2/2.
 # Each group runs in a process group of its own, killed whole when it ends: no pytest worker outlives its limit
-# (2026-12-06: a timed-out run's stragglers may have coloured the benchmark part after it;).
+# (2026-12-06: a timed-out run's stragglers may have coloured the benchmark part after it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIMIT=${1:-280}
