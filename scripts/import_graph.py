@@ -29,9 +29,10 @@ DEFAULT_LAYERS = [
     ["fla_bwd", "fla_bwd.ops", "fla_bwd.ops.attn", "fla_bwd.ops.forgetting_attn*", "fla_bwd.ops.attn.parallel",
      "fla_bwd.ops.attn.context_parallel", "fla_bwd.ops.attn.naive", "fla_bwd.ops.attn.api*"],
     ["fla_bwd.ops.attn.autograd*"],
-    ["fla_bwd.ops.attn.host*", "fla_bwd.ops.attn.from_ds", "fla_bwd.ops.attn.plan*", "fla_bwd.ops.attn.dispatch*"],
+    ["fla_bwd.ops.attn.host*", "fla_bwd.ops.attn.from_ds", "fla_bwd.ops.attn.plan*", "fla_bwd.ops.attn.launches*",
+     "fla_bwd.ops.attn.dispatch*"],
     ["fla_bwd.ops.attn.kernels*", "fla_bwd.ops.attn.gluon*", "fla_bwd.ops.attn.inner*", "fla_bwd.ops.attn.*kernel*"],
-    ["fla_bwd.ops.attn.config*", "fla_bwd.ops.utils*"],
+    ["fla_bwd.ops.attn.config*", "fla_bwd.ops.attn.call*", "fla_bwd.ops.utils*"],
     ["fla_bwd.settings", "fla_bwd._settings", "fla_bwd.*settings*", "fla_bwd.utils*"],
 ]
 SETTINGS = "fla_bwd*settings*"
