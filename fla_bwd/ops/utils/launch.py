@@ -4,7 +4,7 @@
 `kernel[grid](**kwargs)` re-derives a kernel's specialisation from all its arguments on every call (the heuristics
 wrapper rebuilds a dict of every argument once per flag, the binder specialises each argument, the cache key is a
 tuple of all of them plus `str(options)`): on the GPU machine's host more time than a short row's backward takes on
-the GPU (PERF.md #13, #20). The rest of a call's host code (tile configs, containment, dispatch, buffers) is a pure
+the GPU. The rest of a call's host code (tile configs, containment, dispatch, buffers) is a pure
 function of the call's shapes, dtypes and flags, and was redone on every call too (issue 19).
 
 A `Plan` is that work done once: an ordered list of steps (allocate a buffer, launch a kernel, apply a small torch
@@ -14,7 +14,7 @@ None-ness (fixed by the key), and 16-byte alignment of the tensors it does not a
 allocators align what a plan allocates). A `Launch` compiles through Triton's normal path the first time, then
 calls the compiled kernel's C launcher directly (`run`, on the current stream, with every parameter in signature
 order, tensors as their addresses), skipping the runner's per-call launch-metadata dict, which only launch hooks
-read (PERF.md #20). With a launch hook installed (a profiler), under the CPU interpreter, or with
+read. With a launch hook installed (a profiler), under the CPU interpreter, or with
 FLA_BWD_FAST_LAUNCH=0 (`fla_bwd.settings.set_fast_launch(False)`), every launch takes Triton's normal path instead;
 so does every launch on a Triton whose internals are not those the direct path was written for: every reading of
 them is in `fla_bwd.ops.utils.triton_private`, each behind a check, and this module uses only what it returns.
