@@ -364,7 +364,7 @@ class Route:
         return "\n".join(f"{name}: {why}" for name, why in self.reasons)
 
 
-def seven_route(s, kernel: DkvKernel, k: Knobs, reasons: list = None) -> Route:
+def seven_route(s, kernel: DkvKernel, k: Knobs, reasons: Optional[list] = None) -> Route:
     """The seven-product route of a call of Shape s whose dK/dV kernel is `kernel` (`dkv_kernel_for`)."""
     reasons = list(reasons or [])
     D = max(s.K, s.V)
@@ -400,7 +400,7 @@ def route(call, k: Knobs, aligned: bool, exact_o: bool) -> Route:
     return five_route(s, five, k, reasons)
 
 
-def five_route(s, five: FiveProduct, k: Knobs, reasons: list = None) -> Route:
+def five_route(s, five: FiveProduct, k: Knobs, reasons: Optional[list] = None) -> Route:
     """The five-product route of a call of Shape s that runs as `five` (`five_product`)."""
     reasons = list(reasons or [])
     gated = s.g_dtype is not None

@@ -83,6 +83,15 @@ def _on_device(device: torch.device):
     return contextlib.nullcontext()
 
 
+def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
+    return s.B if tiles is None else len(tiles.lengths)
+
+
+def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int) -> Call:
+    """The `Call` of validated contiguous inputs, under the containment setting now."""
+    return make_call(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, dispatch.containment_knob())
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # One function per kernel launch (the route's choices passed in; nothing here decides)
 # ----------------------------------------------------------------------------------------------------------------
@@ -336,15 +345,6 @@ def add_five_product(plan: Plan, s, route) -> None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
     if gated and not by_band:
         add_gate_grad(plan, dgc_q, dgc_k, None, s.B, s.B, s.T, s.HQ, s.g_dtype)
-
-
-def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
-    return s.B if tiles is None else len(tiles.lengths)
-
-
-def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int) -> Call:
-    """The `Call` of validated contiguous inputs, under the containment setting now."""
-    return make_call(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, dispatch.containment_knob())
 
 
 # ----------------------------------------------------------------------------------------------------------------
