@@ -65,6 +65,26 @@ def test_rank(which):
     _raises(ValueError, rf"^{which} must have 4 dimensions", **args)
 
 
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_rank_of_flash_attn_varlen_layout(which):
+    """flash-attn's varlen `[total_tokens, heads, dim]`: the error says to add the batch axis of 1."""
+    q, k, v = _inputs()
+    args = {"q": q, "k": k, "v": v}
+    args[which] = args[which][0]
+    _raises(ValueError, rf"^{which} must have 4 dimensions, got shape .*flash-attn's varlen layout.*"
+                        rf"pass {which}\.unsqueeze\(0\) \(B = 1, and the same cu_seqlens\)", **args)
+
+
+def test_rank_of_flash_attn_packed_qkv():
+    """flash-attn's packed `[B, T, 3, H, D]` (and kv `[B, T, 2, H, D]`): the error says to unbind it."""
+    q, k, v = _inputs(HQ=H)
+    qkv = torch.stack([q, k, v], dim=2)
+    _raises(ValueError, r"^q must have 4 dimensions.*packed qkv layout: pass q, k, v = qkv\.unbind\(2\)", qkv, k, v)
+    _raises(ValueError, r"^k must have 4 dimensions.*packed kv layout: pass k, v = kv\.unbind\(2\)",
+            q, torch.stack([k, v], dim=2), v)
+    _raises(ValueError, r"^q must have 4 dimensions, got shape \(8, 16\)$", q[0, :, 0], k, v)  # no hint: 2-D
+
+
 def test_k_shape_mismatch():
     q, k, v = _inputs()
     _raises(ValueError, r"^k must be \[B, T, H, K\]", q, k[:, :-1], v[:, :-1])
@@ -76,6 +96,39 @@ def test_v_shape_mismatch():
     q, k, v = _inputs()
     _raises(ValueError, r"^v must be \[B, T, H, V\]", q, k, v[:, :-1])
     _raises(ValueError, r"^v must be \[B, T, H, V\]", q, k, torch.randn(B, T, H + 1, V, dtype=q.dtype, device=DEVICE))
+
+
+def test_head_first_gqa_says_transpose():
+    """torch SDPA's `[B, H, T, D]` with fewer KV heads than query heads: k's shape mismatch names the layout."""
+    q = torch.randn(1, 8, 12, K, device=DEVICE)  # [B, HQ, T, K]
+    k = v = torch.randn(1, 2, 12, K, device=DEVICE)  # [B, H, T, K]
+    _raises(ValueError, r"^k must be \[B, T, H, K\] = \[1, 8, H, 16\] to match q \(1, 8, 12, 16\), got "
+                        r"\(1, 2, 12, 16\): q and k look like \[B, H, T, D\] .*8 query heads, 2 key heads, 12 "
+                        r"tokens.*pass q\.transpose\(1, 2\), k\.transpose\(1, 2\), v\.transpose\(1, 2\)", q, k, v)
+
+
+def test_k_alone_head_first_says_transpose():
+    q, k, v = _inputs(T=12)
+    _raises(ValueError, r"^k must be \[B, T, H, K\].*: k looks like \[B, H, T, K\].*pass k\.transpose\(1, 2\)",
+            q, k.transpose(1, 2), v)
+
+
+def test_v_alone_head_first_says_transpose():
+    q, k, v = _inputs(T=12)
+    _raises(ValueError, r"^v must be \[B, T, H, V\].*: v looks like \[B, H, T, V\].*pass v\.transpose\(1, 2\)",
+            q, k, v.transpose(1, 2))
+
+
+def test_unrelated_shape_mismatch_gets_no_layout_hint():
+    """A mismatch that is not a swap of axes 1 and 2 says nothing about layouts."""
+    q, k, v = _inputs(T=12)
+    for kk, vv in ((k[:, :-1], v[:, :-1]), (torch.cat([k, k]), torch.cat([v, v]))):
+        with pytest.raises(ValueError, match=r"^k must be") as e:
+            parallel_attn(q, kk, vv)
+        assert "looks like" not in str(e.value) and "look like" not in str(e.value)
+    with pytest.raises(ValueError, match=r"^v must be") as e:
+        parallel_attn(q, k, v[:, :-1])
+    assert "looks like" not in str(e.value)
 
 
 def test_g_shape_and_rank():
@@ -240,6 +293,32 @@ def test_window_size_zero_needs_a_sink():
 @pytest.mark.parametrize("W", [2.5, 4.0, True, "8", torch.tensor(4)], ids=["2.5", "4.0", "True", "str", "tensor"])
 def test_window_size_not_int(W):
     _raises(TypeError, r"^window_size must be a non-negative int or None", *_inputs(), window_size=W)
+
+
+@pytest.mark.parametrize(
+    "W, match",
+    [
+        pytest.param((15, 0), r"tuple \(15, 0\): flash-attn's window_size=\(left, 0\).*is window_size=left \+ 1 "
+                              r"here .*: pass window_size=16$", id="left15"),
+        pytest.param((0, 0), r"pass window_size=1$", id="left0"),
+        pytest.param([7, -1], r"list \[7, -1\]: .*pass window_size=8$", id="list-right-1"),
+        pytest.param((-1, -1), r"\(-1, -1\) is no window \(full causal attention\): pass window_size=None$",
+                     id="none-1-1"),
+        pytest.param((-1, 0), r"\(-1, 0\) is no window .*pass window_size=None$", id="none-1-0"),
+        pytest.param((15, 3), r"right > 0 .* no right window is supported: flash-attn's \(left, 0\) is "
+                              r"window_size=left \+ 1 here$", id="right3"),
+    ],
+)
+def test_window_size_flash_attn_tuple(W, match):
+    """flash-attn's `window_size=(left, right)`: the TypeError keeps its first words and says what to pass here
+    (the int, None for no window, or that a right window is not supported: the attention is causal)."""
+    _raises(TypeError, r"^window_size must be a non-negative int or None, got .*" + match, *_inputs(), window_size=W)
+
+
+@pytest.mark.parametrize("W", [(1, 2, 3), (1.5, 0), (True, 0)], ids=["three", "float", "bool"])
+def test_window_size_other_tuples_get_no_translation(W):
+    with pytest.raises(TypeError, match=r"^window_size must be a non-negative int or None, got tuple$"):
+        parallel_attn(*_inputs(), window_size=W)
 
 
 @pytest.mark.parametrize("scale", [float("inf"), float("-inf"), float("nan"), 1e39, -1e300],

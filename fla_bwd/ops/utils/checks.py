@@ -1,6 +1,10 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """Argument validation for the attention ops: every bad input gets a ValueError/TypeError naming the argument.
 
+Where a bad input is another library's convention (flash-attn's `window_size=(left, right)` or its varlen
+`[total_tokens, heads, dim]`, torch SDPA's `[B, H, T, D]`), the error says what to pass here instead. A valid call
+whose shape suggests `[B, H, T, D]` passed as `[B, T, H, D]` gets a `LayoutWarning` (`warn_if_head_first`).
+
 It also refuses, before any kernel, tensors the kernels cannot run on: real meta tensors (no data), CPU tensors when
 Triton's interpreter is off, any tensor when the interpreter is only half on (`triton_mode`), and devices other than
 CUDA for compiled kernels.
@@ -9,6 +13,7 @@ CUDA for compiled kernels.
 import numbers
 import os
 import sys
+import warnings
 from typing import Optional
 
 import torch
@@ -27,8 +32,24 @@ def _tensor(name: str, x, ndim: int) -> torch.Tensor:
     if x.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}: use {name}.to_dense()")
     if x.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}{_rank_hint(name, x, ndim)}")
     return x
+
+
+def _rank_hint(name: str, x: torch.Tensor, ndim: int) -> str:
+    """For q, k or v of the wrong rank, the flash-attn layout it looks like and how to pass it here ("" if none)."""
+    if ndim != 4 or name not in ("q", "k", "v"):
+        return ""
+    if x.dim() == 3:
+        return (f": [total_tokens, heads, dim] is flash-attn's varlen layout; here packed sequences are "
+                f"[1, total_tokens, heads, dim] with cu_seqlens: pass {name}.unsqueeze(0) (B = 1, and the same "
+                f"cu_seqlens), and o.squeeze(0) gives [total_tokens, heads, dim] back")
+    if x.dim() == 5 and x.shape[2] in (2, 3):
+        packed = "qkv" if x.shape[2] == 3 else "kv"
+        names = "q, k, v" if packed == "qkv" else "k, v"
+        return (f": [B, T, {x.shape[2]}, H, D] is flash-attn's packed {packed} layout: pass {names} = "
+                f"{packed}.unbind(2)")
+    return ""
 
 
 def _float(name: str, x: torch.Tensor) -> None:
@@ -213,10 +234,14 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
     H, V = k.shape[2], v.shape[3]
     if k.shape != (B, T, H, K):
         raise ValueError(f"k must be [B, T, H, K] = [{B}, {T}, H, {K}] to match q {tuple(q.shape)}, "
-                         f"got {tuple(k.shape)}")
+                         f"got {tuple(k.shape)}{_k_swapped_hint(q.shape, k.shape)}")
     if v.shape[:3] != (B, T, H):
+        hint = ""
+        if v.shape[:3] == (B, H, T) and H != T:
+            hint = (": v looks like [B, H, T, V] (head-first, torch SDPA's layout) while q and k are [B, T, H, D]: "
+                    "pass v.transpose(1, 2)")
         raise ValueError(f"v must be [B, T, H, V] = [{B}, {T}, {H}, V] to match k {tuple(k.shape)}, "
-                         f"got {tuple(v.shape)}")
+                         f"got {tuple(v.shape)}{hint}")
     if H == 0 or HQ % H != 0:
         raise ValueError(f"the number of query heads HQ={HQ} (q.shape[2]) must be a multiple of the number of "
                          f"key/value heads H={H} (k.shape[2])")
@@ -247,7 +272,8 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
             raise ValueError(f"scale must be finite in float32 (|scale| <= {FP32_MAX:.6g}), got {scale}")
     if window_size is not None:
         if isinstance(window_size, bool) or not isinstance(window_size, int):
-            raise TypeError(f"window_size must be a non-negative int or None, got {type(window_size).__name__}")
+            raise TypeError(f"window_size must be a non-negative int or None, got {type(window_size).__name__}"
+                            f"{_window_hint(window_size)}")
         if window_size < 0:
             raise ValueError(f"window_size must be >= 0 (W >= 1: query i sees keys [i - W + 1, i]; 0: no key, "
                              f"with sink_bias only), got {window_size}")
@@ -259,6 +285,8 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
                              "attention, or a sink_bias (then o is 0, as in FLA)")
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, B, q.device)
+    elif T < HQ and H == HQ:  # the one test a valid call pays: fewer tokens than heads (`warn_if_head_first`)
+        warn_if_head_first(q.shape)
     if chunk_indices is not None:
         check_chunk_indices(chunk_indices, q.device)
     # Last, once every argument is known good: can the kernels run on these tensors at all? On a GPU one call (a
@@ -268,6 +296,74 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
     mode = triton_mode()
     if (device_type != "cuda" or mode != COMPILED) and (device_type == "meta" or mode != INTERPRETED):
         check_runnable("q", q)
+
+
+def _window_hint(window_size) -> str:
+    """For a window_size in flash-attn's `(left, right)` form: the int (or None) that means the same here."""
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+            and all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+        return ""
+    left, right = window_size
+    if right > 0:
+        return (f" {window_size!r}: flash-attn's window_size=(left, right) with right > 0 lets a query see "
+                f"{right} later key(s); this attention is causal (query i sees keys up to i), so no right window "
+                f"is supported: flash-attn's (left, 0) is window_size=left + 1 here")
+    if left < 0:
+        return (f" {window_size!r}: flash-attn's (-1, {right}) is no window (full causal attention): pass "
+                f"window_size=None")
+    return (f" {window_size!r}: flash-attn's window_size=(left, 0) (query i sees keys [i - left, i]) is "
+            f"window_size=left + 1 here (W keys, the query's own included): pass window_size={left + 1}")
+
+
+class LayoutWarning(UserWarning):
+    """A call's shape suggests tensors in `[B, H, T, D]` (head-first) passed where `[B, T, H, D]` is expected. A
+    UserWarning of its own, so that `warnings.filterwarnings("ignore", category=LayoutWarning)` silences it alone."""
+
+
+def warn_if_head_first(q_shape) -> None:
+    """Warn (`LayoutWarning`) that q of shape `[B, T, HQ, D]` with T < HQ, k with as many heads as q, and no
+    cu_seqlens may be `[B, H, T, D]` tensors: such a call raises nothing (every shape agrees) and attends over the
+    heads instead of the tokens. `check_attn_inputs` calls it only for such shapes (an integer compare per call).
+
+    Once per call site and shape under Python's default warning filter: the warning is attributed to the first
+    frame outside fla_bwd (the user's line that called the op), and Python's registry of that module shows each
+    message (which names the shape) once; the standard filters change that ("always", "error", "ignore")."""
+    B, T, HQ, D = q_shape
+    frame, level = sys._getframe(1), 2  # level 2: warn_if_head_first's caller
+    while frame is not None and frame.f_back is not None and _in_package(frame.f_globals.get("__name__", "")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"parallel_attn got q of shape {tuple(q_shape)}: T={T} tokens but HQ={HQ} heads, and k with as many heads. "
+        f"Inputs are token-major [B, T, H, D]; tensors in [B, H, T, D] (torch SDPA's layout, FLA's old "
+        f"head_first=True) pass every check but attend over the wrong axis. If yours are [B, H, T, D], pass "
+        f"q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2) and transpose the output back. If the shape is "
+        f"intended (fewer tokens than heads), silence this with warnings.filterwarnings(\"ignore\", "
+        f"category=fla_bwd.ops.utils.checks.LayoutWarning)",
+        LayoutWarning, stacklevel=level)
+
+
+def _in_package(module: str) -> bool:
+    return module == "fla_bwd" or module.startswith("fla_bwd.")
+
+
+def _k_swapped_hint(q_shape, k_shape) -> str:
+    """For a k whose shape does not match q's: "" or, where the mismatch looks like axes 1 and 2 swapped (torch
+    SDPA's head-first `[B, H, T, D]`), which tensors look so and what to pass."""
+    B, T, HQ, K = q_shape
+    if len(k_shape) != 4 or k_shape[0] != B or k_shape[3] != K:
+        return ""
+    H1, T2 = k_shape[1], k_shape[2]
+    # q and k both head-first: they agree on axis 2 (the sequence), and q's axis 1 (query heads) is a multiple of
+    # k's (key heads, GQA); an equal head count raises nothing and gets `warn_if_head_first` instead.
+    if T2 == HQ and H1 >= 1 and T % H1 == 0:
+        return (f": q and k look like [B, H, T, D] (head-first, torch SDPA's layout: {T} query heads, {H1} key heads, "
+                f"{HQ} tokens), and this op takes [B, T, H, D]: pass q.transpose(1, 2), k.transpose(1, 2), "
+                f"v.transpose(1, 2) and transpose the output back with o.transpose(1, 2)")
+    # k alone head-first: its axis 2 is q's sequence and its axis 1 a divisor of q's head count.
+    if T2 == T and H1 >= 1 and HQ % H1 == 0:
+        return (": k looks like [B, H, T, K] (head-first, torch SDPA's layout) while q is [B, T, HQ, K]: pass "
+                "k.transpose(1, 2) (and v.transpose(1, 2) if v is head-first too)")
+    return ""
 
 
 def check_cu_seqlens(cu_seqlens, B: int, device: torch.device) -> None:
