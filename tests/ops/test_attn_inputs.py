@@ -200,3 +200,123 @@ def test_cu_seqlens_edited_without_a_version_bump():
     cu.data[1] = T + 10  # not non-decreasing any more
     with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
         parallel_attn(q, k, v, cu_seqlens=cu)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# [B, H, T, D] passed as [B, T, H, D]: a LayoutWarning
+# ------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_kernels(monkeypatch):
+    """Calls stop after validation (at the plan's first step): the warning tests run no kernel."""
+    from fla_bwd.ops.utils import launch
+
+    def stop(*args, **kwargs):
+        raise _Stopped
+
+    monkeypatch.setattr(launch.Plan, "run", stop)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _call(q, k, v, **kwargs):
+    try:
+        parallel_attn(q, k, v, **kwargs)
+    except _Stopped:
+        pass
+
+
+def _head_first(B=1, H=4, T=40, D=32):
+    return tuple(torch.randn(B, H, T, D, device=DEVICE) for _ in range(3))
+
+
+def test_head_first_layout_warns(no_kernels):
+    """The issue's call: q, k, v = randn(1, 4, 40, 32) ([B, H, T, D] read as T = 4 tokens of 40 heads). The
+    LayoutWarning (a UserWarning) names the shape, the fix and how to silence it, and points at the caller's line."""
+    from fla_bwd.ops.utils.checks import LayoutWarning
+
+    assert issubclass(LayoutWarning, UserWarning)
+    with pytest.warns(LayoutWarning) as record:
+        _call(*_head_first())
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "q of shape (1, 4, 40, 32): T=4 tokens but HQ=40 heads" in message
+    assert "q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)" in message
+    assert 'warnings.filterwarnings("ignore", category=fla_bwd.ops.utils.checks.LayoutWarning)' in message
+    assert record[0].filename == __file__  # `_call`'s line: the first frame outside fla_bwd
+
+
+def test_head_first_layout_warns_through_forgetting_attn(no_kernels):
+    from fla_bwd.ops.forgetting_attn import parallel_forgetting_attn
+    from fla_bwd.ops.utils.checks import LayoutWarning
+
+    q, k, v = _head_first()
+    with pytest.warns(LayoutWarning) as record:
+        try:
+            parallel_forgetting_attn(q, k, v, F.logsigmoid(torch.randn(1, 4, 40, device=DEVICE)))
+        except _Stopped:
+            pass
+    assert [r.filename for r in record] == [__file__]
+
+
+@pytest.mark.parametrize(
+    "shapes, cu",
+    [
+        pytest.param(((1, 40, 4, 32), (1, 40, 4, 32)), None, id="token-major"),
+        pytest.param(((1, 4, 4, 32), (1, 4, 4, 32)), None, id="T-equals-HQ"),
+        pytest.param(((2, 3, 8, 32), (2, 3, 2, 32)), None, id="gqa-short"),  # a head-first GQA call fails on k
+        pytest.param(((1, 3, 8, 32), (1, 3, 8, 32)), (0, 1, 3), id="packed-short"),
+    ],
+)
+def test_no_layout_warning_for_valid_calls(no_kernels, shapes, cu):
+    """No warning where T >= HQ, where k has fewer heads than q (GQA), or for a packed call (T is the total)."""
+    import warnings
+
+    (qs, ks) = shapes
+    q, k = torch.randn(*qs, device=DEVICE), torch.randn(*ks, device=DEVICE)
+    cu_seqlens = torch.tensor(cu, dtype=torch.int32, device=DEVICE) if cu is not None else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _call(q, k, k, cu_seqlens=cu_seqlens)
+
+
+def test_layout_warning_once_per_call_site_and_shape(no_kernels):
+    """Under Python's default filter the warning shows once per calling line and shape: a training loop sees it
+    once, a second shape once more."""
+    import warnings
+
+    from fla_bwd.ops.utils.checks import LayoutWarning
+
+    first, second = _head_first(), _head_first(T=48)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("default")
+        for args in (first, first, first, second, second):
+            _call(*args)
+    assert [r.category for r in record] == [LayoutWarning, LayoutWarning]
+    assert "(1, 4, 40, 32)" in str(record[0].message) and "(1, 4, 48, 32)" in str(record[1].message)
+
+
+def test_layout_warning_silenced_by_its_category(no_kernels):
+    import warnings
+
+    from fla_bwd.ops.utils.checks import LayoutWarning
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=LayoutWarning)
+        _call(*_head_first())
+    assert record == []
+
+
+def test_head_first_transposed_runs_without_warning():
+    """The fix the warning gives: the transposes run silently and match the oracle over the right axis."""
+    import warnings
+
+    q, k, v = (t.to(bf16) for t in _head_first(H=2, T=20, D=16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        o = parallel_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    ref = naive_parallel_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    assert_close("o[head-first transposed]", ref, o)
