@@ -5,13 +5,16 @@
         [--anchors benchmarks/results/anchors-h200-2026-11-29.jsonl] [--print-mode bwd]
 
 Writes OUT_DIR/summary.md (first the answer: fla_bwd against each peer, geomean ratio by row kind, backward alone
-and forward + backward; then the run and the detail tables) and OUT_DIR/peer_ratios.png (peer time / fla_bwd time
+and forward + backward; then the run and the per-row tables against the peers; last, for developers, the earlier
+commit timed beside ours, the checks, how the run was made and the internal columns: host time, kernel count, the
+dispatch's A/B) and OUT_DIR/peer_ratios.png (peer time / fla_bwd time
 per row, log scale, one panel per peer, rows grouped by kind; matplotlib, Agg backend: no display needed).
 """
 
 import argparse
 import json
 import os
+import re
 import sys
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable from the repository root
@@ -26,18 +29,37 @@ ANCHOR_ALIASES = {"flex-gated": "flex"}  # the anchors name flex's gated rows ap
 PLOT_NAME = "peer_ratios{suffix}.png"
 
 
-def load_anchors(path):
-    """{(peer, shape): bwd_tflops} from the anchors' JSONL (rows without bwd_tflops are ignored)."""
+GPU_TOKEN = re.compile(r"(?<![a-z0-9])([abhl]\d{2,3}|gb\d{3})(?![0-9])", re.I)  # h100, h200, a100, b200, l40, gb200
+
+
+def _gpu_token(text) -> str:
+    m = GPU_TOKEN.search(str(text or ""))
+    return m.group(1).lower() if m else ""
+
+
+def load_anchors(path, gpu: str = None):
+    """{(peer, shape): bwd_tflops} from the anchors' JSONL (rows without bwd_tflops are ignored). An anchor is a
+    time from another run: it is drawn only on a run of the same GPU model (`gpu`, the run's name for it), the
+    anchor's model read from its row's "gpu" field, else from the file's name (anchors-h200-...); a TFLOP/s ratio
+    across GPU models would be a marker that measures the GPUs, not the kernels."""
     out = {}
     if not path:
         return out
+    run_gpu = _gpu_token(gpu)
+    dropped = 0
     with open(path) as f:
         for line in f:
             line = line.strip()
             if line:
                 row = json.loads(line)
                 if row.get("bwd_tflops"):
+                    theirs = _gpu_token(row.get("gpu")) or _gpu_token(os.path.basename(path))
+                    if gpu is not None and theirs and theirs != run_gpu:
+                        dropped += 1
+                        continue
                     out[(ANCHOR_ALIASES.get(row["peer"], row["peer"]), row["shape"])] = row["bwd_tflops"]
+    if dropped:
+        print(f"anchors: {dropped} row(s) of {path} measured on another GPU than this run's ({gpu}): not drawn")
     return out
 
 
@@ -50,7 +72,10 @@ def _one(value) -> str:
 
 
 def answer_section(data: dict) -> list:
+    """The user's answer: our time against each peer by row kind (an earlier commit of ours is no peer: its row goes
+    to the developers' section)."""
     head, body, kinds = S.answer(data)
+    body = [r for r in body if not r[0].startswith(S.BASELINE_PREFIX)]
     out = ["## Answer: fla_bwd against each peer", ""]
     if not body:
         why = "the gate is red" if data.get("gate", {}).get("status") == "red" else "no peer was timed"
@@ -68,11 +93,57 @@ def answer_section(data: dict) -> list:
         "",
     ]
     out += [f"- {k}: {S.KIND_RULES[k]}: {', '.join(names)}" for k, names in kinds.items()]
+    return out + [""]
+
+
+def developer_section(data: dict, modes: list) -> list:
+    """What the project's developers read and a user need not: earlier commits of ours timed in the same run, the
+    checks (gated against ungated, against the earlier commit), how the run was made, and per row the host time,
+    kernel count and the A/B of the dK/dV dispatch against its forced-legacy path."""
+    out = ["## For developers", "",
+           "Internal checks of the same run: they say whether the package holds its own bars, not how it compares "
+           "with a peer.", ""]
+    head, body, _ = S.answer(data)
+    base = [r for r in body if r[0].startswith(S.BASELINE_PREFIX)]
+    if base:
+        out += ["### An earlier commit of fla_bwd, timed in the same run", "",
+                "Its time over ours, as in the answer table (above 1: this commit is faster).", "",
+                S.md_table(head, base), ""]
     checks = S.check_lines(data)
     if checks:
-        out += ["", f"Checks (the gated row's time over its ungated twin's, fla_bwd; PASS when at most "
-                    f"{S.GATED_LIMIT}):", ""] + [f"- {c[len('check '):]}" for c in checks]
-    return out + [""]
+        out += ["### Checks", "",
+                f"The gated row's time over its ungated twin's (PASS when at most {S.GATED_LIMIT}), and each row's "
+                "backward against the earlier commit's.", ""] + [f"- {c[len('check '):]}" for c in checks] + [""]
+    env, gate = data.get("env", {}), data.get("gate", {})
+    how = ["### How the run was made", ""]
+    if data.get("parts"):
+        how.append(f"- {len(data['parts'])} parts of a split run, merged by benchmarks/merge.py; correctness gate "
+                   f"{gate.get('status')} ({gate.get('file')})"
+                   + (f", ran in part {gate['ran_in_part']}" if gate.get("ran_in_part") else ""))
+        fill_shapes = {s for f in data.get("fills") or [] for s in f["shapes"]}
+        for p in data["parts"]:
+            e = p.get("env") or {}
+            g = p.get("gate") or {}
+            gs = g.get("status") if not g.get("inherited") else f"{g.get('status')} (inherited from part 1)"
+            filled = [s for s in p.get("shapes") or [] if s in fill_shapes]
+            how.append(f"- part {p['index']}/{p['of']}: {len(p.get('shapes') or [])} shapes"
+                       + (f" ({', '.join(filled)} not reported, measured by a fill)" if filled else "")
+                       + f", {p.get('elapsed_s')} s (estimate {p.get('estimate_s')} s), gate {gs}, started "
+                       f"{e.get('started')} on {e.get('gpu')} {e.get('host')}, fingerprint "
+                       f"{e.get('source_fingerprint')}: `{p.get('command')}`")
+        for f in data.get("fills") or []:
+            e, g = f.get("env") or {}, f.get("gate") or {}
+            how.append(f"- fill {f['file']}: {', '.join(f['shapes'])}, {f.get('elapsed_s')} s, gate {g.get('status')}"
+                       f" (its own run), started {e.get('started')} on {e.get('gpu')} {e.get('host')}, fingerprint "
+                       f"{e.get('source_fingerprint')}: `{f.get('command')}`")
+    else:
+        how.append(f"- command: `{env.get('command')}`; correctness gate {gate.get('status')} ({gate.get('file')})")
+    out += how + ["", "Per row: host us (the host's share of a call), the kernel count, A/B = forced-legacy time / "
+                  "dispatch time (median over independent rounds [min-max]) and the earlier commit's time (x = its "
+                  "time over ours).", ""]
+    out += ["\n\n".join(S.render(data, m, markdown=True, with_banner=False, view="dev", heading="###",
+                                  title=f"{m} ({S.MODE_TITLES.get(m, m)}): internals") for m in modes)]
+    return out
 
 
 def markdown(data: dict) -> str:
@@ -93,46 +164,28 @@ def markdown(data: dict) -> str:
         f"triton {env.get('triton')}, Python {env.get('python')}",
         f"- commit: {env.get('bench_commit') or env.get('git_commit')}{' (dirty)' if env.get('git_dirty') else ''}"
         f" (source fingerprint {env.get('source_fingerprint')}); started {env.get('started')}",
-        f"- command: `{env.get('command')}`",
-        f"- timer: {data.get('timer')}; gate: {gate.get('status')} ({gate.get('file')})"
-        + (f", ran in part {gate['ran_in_part']}" if gate.get("ran_in_part") and data.get("parts") else ""),
+        f"- timer: {data.get('timer')}; correctness gate: {gate.get('status')} (how the run was made: "
+        "[For developers](#for-developers))",
     ]
-    if data.get("parts"):
-        run[4] = f"- commands: {len(data['parts'])} parts of a split run, merged by benchmarks/merge.py"
-        fill_shapes = {s for f in data.get("fills") or [] for s in f["shapes"]}
-        for p in data["parts"]:
-            e = p.get("env") or {}
-            g = p.get("gate") or {}
-            gs = g.get("status") if not g.get("inherited") else f"{g.get('status')} (inherited from part 1)"
-            filled = [s for s in p.get("shapes") or [] if s in fill_shapes]
-            run.append(f"- part {p['index']}/{p['of']}: {len(p.get('shapes') or [])} shapes"
-                       + (f" ({', '.join(filled)} not reported, measured by a fill)" if filled else "")
-                       + f", {p.get('elapsed_s')} s (estimate {p.get('estimate_s')} s), gate {gs}, started "
-                       f"{e.get('started')} on {e.get('gpu')} {e.get('host')}, fingerprint "
-                       f"{e.get('source_fingerprint')}: `{p.get('command')}`")
-        for f in data.get("fills") or []:
-            e, g = f.get("env") or {}, f.get("gate") or {}
-            run.append(f"- fill {f['file']}: {', '.join(f['shapes'])}, {f.get('elapsed_s')} s, gate {g.get('status')}"
-                       f" (its own run), started {e.get('started')} on {e.get('gpu')} {e.get('host')}, fingerprint "
-                       f"{e.get('source_fingerprint')}: `{f.get('command')}`")
     if env.get("collect_env") and "error" not in env["collect_env"]:
         run.append("- environment: torch.utils.collect_env, recorded whole in the JSON under `env.collect_env`")
     run += [
         "",
         "## Detail tables",
         "",
-        "Times in microseconds (median); `(x)` = peer time / fla_bwd time (> 1: fla_bwd faster); A/B = "
-        "forced-legacy time / dispatch time (an internal check of the dK/dV dispatch), median over independent "
-        "rounds [min-max]; `skip`: the peer did not run the row (reasons below each table).",
+        "Times in microseconds (median over independent rounds); `(x)` = peer time / fla_bwd time (> 1: fla_bwd "
+        "faster); `[x]` beside FA3: both timed FA3's way; `skip`: the peer did not run the row (reasons below each "
+        "table); peak-inputs MiB: peak memory over the inputs.",
         "",
     ]
     modes = [m for m in ("bwd", "fwdbwd", "fwd") if any(m in r.get("modes", {}) for r in data.get("results", []))]
-    body = [render(data, m, markdown=True, with_banner=False) for m in modes]
+    body = [render(data, m, markdown=True, with_banner=False, view="user") for m in modes]
     if data.get("skipped_shapes"):
         body.append("Shapes not run: " + ", ".join(f"{k} ({v})" for k, v in data["skipped_shapes"].items()))
     errs = [(r["shape"]["name"], k, v) for r in data.get("results", []) for k, v in r.get("errors", {}).items()]
     if errs:
         body.append("Errors:\n\n" + "\n".join(f"- {n} {k}: {v}" for n, k, v in errs))
+    body.append("\n".join(developer_section(data, modes)))
     return "\n".join(head + run) + "\n" + "\n\n".join(body) + "\n"
 
 
@@ -241,7 +294,8 @@ def main(argv=None) -> int:
     p.add_argument("json", help="the run's JSON (benchmarks.ops.run --json)")
     p.add_argument("--out-dir", default=None, help="default: the JSON's folder")
     p.add_argument("--anchors", default=None,
-                   help="peer anchors JSONL: marks (x) a backward ratio where this run has no time for the peer")
+                   help="peer anchors JSONL: marks (x) a backward ratio where this run has no time for the peer "
+                        "(anchors of another GPU model than the run's are not drawn)")
     p.add_argument("--print-mode", default=None, help="also print this mode's text table to stdout (e.g. bwd)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--suffix", default="", help="name the files summary{SUFFIX}.md and peer_ratios{SUFFIX}.png")
@@ -260,7 +314,7 @@ def main(argv=None) -> int:
     print(f"wrote {md}")
     if not a.no_plot:
         png = os.path.join(out, PLOT_NAME.format(suffix=a.suffix))
-        if plot(data, png, load_anchors(a.anchors)):
+        if plot(data, png, load_anchors(a.anchors, data.get("env", {}).get("gpu") or "")):
             print(f"wrote {png}")
         else:
             print("no peer ratio in this run: no plot")

@@ -180,12 +180,28 @@ def peer_names(records, mode):
     return sorted(names - {OURS, LEGACY}, key=_peer_sort)
 
 
-def rows(data: dict, mode: str):
-    """Header and rows of the per-shape table for one mode."""
+ROW_VIEWS = ("all", "user", "dev")
+
+
+def _is_baseline(name: str) -> bool:
+    return name.startswith(BASELINE_PREFIX)
+
+
+def rows(data: dict, mode: str, view: str = "all"):
+    """Header and rows of the per-shape table for one mode. `view`: "all" (every column, the runner's table),
+    "user" (our time against the peers, no internal variant or earlier commit) or "dev" (host time, kernel count,
+    the A/B against the forced-legacy dispatch and the earlier commits timed in the same run)."""
+    assert view in ROW_VIEWS, view
     records = data.get("results", [])
     peers = peer_names(records, mode)
-    head = ["shape", "config", f"{OURS} us", "TFLOP/s", "host us", "A/B legacy/auto [min-max]", f"{LEGACY} us"]
-    head += [f"{p} us (x)" for p in peers] + ["kernels", "peak-inputs MiB"]
+    if view == "user":
+        peers = [p for p in peers if not _is_baseline(p)]
+    elif view == "dev":
+        peers = [p for p in peers if _is_baseline(p)]
+    user, dev = view in ("all", "user"), view in ("all", "dev")
+    head = ["shape"] + (["config"] if user else []) + [f"{OURS} us"] + (["TFLOP/s"] if user else [])
+    head += (["host us", "A/B legacy/auto [min-max]", f"{LEGACY} us"] if dev else [])
+    head += [f"{p} us (x)" for p in peers] + (["kernels"] if dev else []) + (["peak-inputs MiB"] if user else [])
     body = []
     for r in records:
         m = r.get("modes", {}).get(mode)
@@ -195,8 +211,9 @@ def rows(data: dict, mode: str):
         ours = c[OURS]
         ab = m.get("ab") or {}
         abs_ = f"{ab['median']:.3f} [{ab['min']:.3f}-{ab['max']:.3f}]" if ab.get("median") else "-"
-        row = [r["shape"]["name"], r["shape"]["describe"], _fmt(ours["median_us"]), _fmt(ours.get("tflops")),
-               _fmt(ours.get("host_us")), abs_, _fmt(c.get(LEGACY, {}).get("median_us"))]
+        row = [r["shape"]["name"]] + ([r["shape"]["describe"]] if user else []) + [_fmt(ours["median_us"])]
+        row += [_fmt(ours.get("tflops"))] if user else []
+        row += [_fmt(ours.get("host_us")), abs_, _fmt(c.get(LEGACY, {}).get("median_us"))] if dev else []
         for p in peers:
             if p in c:
                 x = m.get("vs", {}).get(p, {}).get("median")
@@ -205,8 +222,10 @@ def rows(data: dict, mode: str):
                            + (f" [{same:.2f}x]" if same else ""))
             else:
                 row.append("skip")
-        row.append(str(ours.get("kernels", {}).get("kernels", "-")))
-        row.append(_fmt(ours.get("memory", {}).get("peak_alloc_minus_inputs_MiB")))
+        if dev:
+            row.append(str(ours.get("kernels", {}).get("kernels", "-")))
+        if user:
+            row.append(_fmt(ours.get("memory", {}).get("peak_alloc_minus_inputs_MiB")))
         body.append(row)
     return head, body
 
@@ -285,15 +304,19 @@ def banner(data: dict) -> list:
     return lines
 
 
-def geomean_lines(data: dict, mode: str) -> list:
+def geomean_lines(data: dict, mode: str, view: str = "all") -> list:
+    """The mode's geomean lines: "user" the peers', "dev" the A/B's and the earlier commits', "all" every one and
+    the mode's checks."""
     g = data.get("geomean", {}).get(mode, {})
     out = []
     for key, v in g.items():
+        internal = key == "ab" or _is_baseline(key[3:])
+        if (view == "user" and internal) or (view == "dev" and not internal):
+            continue
         label = "A/B legacy/auto (dispatch speedup)" if key == "ab" else f"{key[3:]} / {OURS} (our speedup)"
         groups = ", ".join(f"{k} {x:.3f}" for k, x in v["by_group"].items())
         out.append(f"geomean {mode} {label}: {v['all']:.3f} over {v['n']} shapes  ({groups})")
-    out += check_lines(data, mode)
-    return out
+    return out + (check_lines(data, mode) if view == "all" else [])  # the report lists the checks apart
 
 
 def check_lines(data: dict, mode: str = None) -> list:
@@ -306,18 +329,21 @@ def check_lines(data: dict, mode: str = None) -> list:
             f"{spread(c)}" for c in data.get("checks", []) if mode is None or c["check"].endswith(f"({mode})")]
 
 
-def render(data: dict, mode: str, markdown: bool = False, with_banner: bool = True) -> str:
-    head, body = rows(data, mode)
-    title = f"{mode} ({MODE_TITLES.get(mode, mode)})"
+def render(data: dict, mode: str, markdown: bool = False, with_banner: bool = True, view: str = "all",
+           title: str = None, heading: str = "##") -> str:
+    """One mode's table and its notes (peers skipped, geomeans, checks); `view` as in `rows`; `heading` the
+    Markdown title's level."""
+    head, body = rows(data, mode, view)
+    title = title or f"{mode} ({MODE_TITLES.get(mode, mode)})"
     parts = banner(data) if with_banner else []
     skipped = {}
     for r in data.get("results", []):
         for p, why in r.get("skipped_peers", {}).items():
             skipped.setdefault(p, set()).add(why)
     skip_line = "peers skipped: " + "; ".join(f"{p}: {' / '.join(sorted(w))[:300]}" for p, w in skipped.items())
-    notes = ([skip_line] if skipped else []) + geomean_lines(data, mode)
+    notes = ([skip_line] if skipped and view != "dev" else []) + geomean_lines(data, mode, view)
     if markdown:
-        parts += [f"## {title}", md_table(head, body), "\n".join(f"- {x}" for x in notes)]
+        parts += [f"{heading} {title}", md_table(head, body)] + (["\n".join(f"- {x}" for x in notes)] if notes else [])
     else:
         parts += [f"== {title} ==", text_table(head, body)] + notes
     return ("\n\n" if markdown else "\n").join(parts)
