@@ -13,8 +13,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import import_graph  # noqa: E402
 
 LAYERS = [
-    ["fla_bwd", "fla_bwd.ops", "fla_bwd.ops.attn", "fla_bwd.ops.forgetting_attn*", "fla_bwd.ops.attn.parallel",
-     "fla_bwd.ops.attn.context_parallel", "fla_bwd.ops.attn.naive"],
+    ["fla_bwd", "fla_bwd.__main__", "fla_bwd.ops", "fla_bwd.ops.attn", "fla_bwd.ops.forgetting_attn*",
+     "fla_bwd.ops.attn.parallel", "fla_bwd.ops.attn.context_parallel", "fla_bwd.ops.attn.naive"],
     ["fla_bwd.ops.attn.autograd"],
     ["fla_bwd.ops.attn.host", "fla_bwd.ops.attn.dispatch", "fla_bwd.ops.attn.call"],
     ["fla_bwd.ops.attn.from_ds", "fla_bwd.ops.attn.gluon_dkv", "fla_bwd.ops.attn.inner", "fla_bwd.ops.utils.cumsum",
