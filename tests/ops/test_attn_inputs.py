@@ -320,3 +320,22 @@ def test_head_first_transposed_runs_without_warning():
         o = parallel_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
     ref = naive_parallel_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
     assert_close("o[head-first transposed]", ref, o)
+
+
+def test_layout_warning_under_torch_compile():
+    """Under torch.compile the check runs eagerly (`torch.compiler.disable`): the same warning, attributed to the
+    compiled function's line, and no warning from Dynamo about what it cannot trace."""
+    import warnings
+
+    from fla_bwd.ops.utils.checks import LayoutWarning, check_attn_inputs
+
+    def f(q, k, v):
+        check_attn_inputs(q, k, v, None, None, None, None, None)
+        return q * 2
+
+    q, k, v = _head_first()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        torch.compile(f, backend="eager")(q, k, v)
+    torch._dynamo.reset()
+    assert [(r.category, r.filename) for r in record] == [(LayoutWarning, __file__)], [str(r.message) for r in record]

@@ -320,17 +320,19 @@ class LayoutWarning(UserWarning):
     UserWarning of its own, so that `warnings.filterwarnings("ignore", category=LayoutWarning)` silences it alone."""
 
 
+@torch.compiler.disable  # under torch.compile: run eagerly (a graph break on this rare path), not traced
 def warn_if_head_first(q_shape) -> None:
     """Warn (`LayoutWarning`) that q of shape `[B, T, HQ, D]` with T < HQ, k with as many heads as q, and no
     cu_seqlens may be `[B, H, T, D]` tensors: such a call raises nothing (every shape agrees) and attends over the
     heads instead of the tokens. `check_attn_inputs` calls it only for such shapes (an integer compare per call).
 
     Once per call site and shape under Python's default warning filter: the warning is attributed to the first
-    frame outside fla_bwd (the user's line that called the op), and Python's registry of that module shows each
-    message (which names the shape) once; the standard filters change that ("always", "error", "ignore")."""
+    frame outside fla_bwd and torch (the user's line that called the op), and Python's registry of that module
+    shows each message (which names the shape) once; the standard filters change that ("always", "error",
+    "ignore"). Under torch.compile it runs eagerly, so a compiled call warns too."""
     B, T, HQ, D = q_shape
     frame, level = sys._getframe(1), 2  # level 2: warn_if_head_first's caller
-    while frame is not None and frame.f_back is not None and _in_package(frame.f_globals.get("__name__", "")):
+    while frame is not None and frame.f_back is not None and _skipped(frame.f_globals.get("__name__", "")):
         frame, level = frame.f_back, level + 1
     warnings.warn(
         f"parallel_attn got q of shape {tuple(q_shape)}: T={T} tokens but HQ={HQ} heads, and k with as many heads. "
@@ -342,8 +344,9 @@ def warn_if_head_first(q_shape) -> None:
         LayoutWarning, stacklevel=level)
 
 
-def _in_package(module: str) -> bool:
-    return module == "fla_bwd" or module.startswith("fla_bwd.")
+def _skipped(module: str) -> bool:
+    """Frames the warning is not attributed to: this package's, and torch's (torch.compile's eager wrappers)."""
+    return module.split(".", 1)[0] in ("fla_bwd", "torch")
 
 
 def _k_swapped_hint(q_shape, k_shape) -> str:
