@@ -340,7 +340,7 @@ def warn_if_head_first(q_shape) -> None:
         f"head_first=True) pass every check but attend over the wrong axis. If yours are [B, H, T, D], pass "
         f"q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2) and transpose the output back. If the shape is "
         f"intended (fewer tokens than heads), silence this with warnings.filterwarnings(\"ignore\", "
-        f"category=fla_bwd.ops.utils.checks.LayoutWarning)",
+        f"category=fla_bwd.LayoutWarning)",
         LayoutWarning, stacklevel=level)
 
 
