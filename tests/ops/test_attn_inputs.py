@@ -244,7 +244,7 @@ def test_head_first_layout_warns(no_kernels):
     message = str(record[0].message)
     assert "q of shape (1, 4, 40, 32): T=4 tokens but HQ=40 heads" in message
     assert "q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)" in message
-    assert 'warnings.filterwarnings("ignore", category=fla_bwd.ops.utils.checks.LayoutWarning)' in message
+    assert 'warnings.filterwarnings("ignore", category=fla_bwd.LayoutWarning)' in message
     assert record[0].filename == __file__  # `_call`'s line: the first frame outside fla_bwd
 
 
