@@ -8,8 +8,8 @@ import functools
 from typing import NamedTuple
 
 import torch
-import triton
 
+from fla_bwd.ops.utils.triton_private import driver_device_properties
 from fla_bwd.utils import cdiv, is_interpreter
 
 
@@ -142,8 +142,10 @@ def hbm_tbps(device: torch.device) -> float:
     clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
     if not (clock_khz and bus_bits):  # a torch without these fields: Triton's driver reports the same two
         index = device.index if device.index is not None else torch.cuda.current_device()
-        driver = triton.runtime.driver.active.utils.get_device_properties(index)
-        clock_khz, bus_bits = driver["mem_clock_rate"], driver["mem_bus_width"]
+        driver = driver_device_properties(index) or {}
+        clock_khz, bus_bits = driver.get("mem_clock_rate", 0), driver.get("mem_bus_width", 0)
+        if not (clock_khz and bus_bits):  # no figure from either: the reference GPU's, as on a device without one
+            return REFERENCE_TBPS
     return clock_khz * 1e3 * 2 * bus_bits / 8 / 1e12
 
 

@@ -79,16 +79,10 @@ def _probe():
 
 def _kernel_types() -> tuple:
     """(InterpretedFunction or None, the set of types of this package's kernel objects, the type of tl.sum)."""
-    from triton.runtime.jit import JITFunction, KernelInterface
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # pragma: no cover - a triton without the interpreter
-        InterpretedFunction = None
+    from fla_bwd.ops.utils.triton_private import kernel_types
+
+    KernelInterface, JITFunction, InterpretedFunction, GluonJITFunction = kernel_types()
     leaves = (JITFunction,) + ((InterpretedFunction,) if InterpretedFunction is not None else ())
-    try:  # Gluon kernels (`gluon_dkv`) are compiled under the interpreter too: it has none for them
-        from triton.experimental.gluon._runtime import GluonJITFunction
-    except ImportError:  # pragma: no cover - a triton without Gluon
-        GluonJITFunction = ()
     ours = {type(_probe)}
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "fla_bwd" or name.startswith("fla_bwd.")):
