@@ -508,8 +508,9 @@ def test_unaligned_input_runs_triton(name, monkeypatch):
 
 @needs_hopper
 def test_descriptors_follow_each_call(monkeypatch):
-    """From the second call on the descriptors are the first call's fields over the new call's tensors (`_rebased`):
-    a call on other tensors of the same shapes gets their gradients, bitwise those of a fresh plan."""
+    """From the second call on the descriptors are the first call's fields over the new call's tensors
+    (`triton_private.rebased_descriptor`): a call on other tensors of the same shapes gets their gradients, bitwise
+    those of a fresh plan."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
     import fla_bwd.ops.attn.host as host
 

@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from fla_bwd.ops.attn import config
 from fla_bwd.ops.utils.launch import Launch, Ref, bind, descriptor_launcher, jit_function
+from fla_bwd.ops.utils.triton_private import launch_head, rebased_descriptor
 
 # Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; later releases (3.9 on CI) async_load / async_store.
 _tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
@@ -300,7 +301,8 @@ class HopperDkvLaunch:
     `launch.Launch` (its direct C-launcher path after the first call: Gluon's `kernel[grid]` binding took 519 us of
     host time a launch on the H200's host). The TMA descriptors are made once a call for every Hopper
     launch of it (each chunk's reads the same q, k, v, dO, lse, delta, dS): validated on the first call, then the
-    first call's fields over each later call's tensors (`_rebased`). Where Triton's launcher is 3.6's
+    first call's fields over each later call's tensors (`triton_private.rebased_descriptor`). Where Triton's launcher
+    is 3.6's
     (`launch.descriptor_launcher`), later calls skip both: each descriptor's expansion for the C launcher (its
     `cuTensorMapEncodeTiled`) is kept by the input's address, which is all that differs between calls of a plan,
     and made again only for an address not seen before."""
@@ -338,11 +340,12 @@ class HopperDkvLaunch:
 
             made = [(desc, name, TensorDescriptor.from_tensor(env[name].view(view), block, layout))
                     for desc, name, view, block, layout in self.views]
-            self.templates = tuple((desc, name, _rebased(d, None)) for desc, name, d in made)  # hold no tensor
+            # The templates hold no tensor.
+            self.templates = tuple((desc, name, rebased_descriptor(d, None)) for desc, name, d in made)
             env.update((desc, d) for desc, _, d in made)
             return
         for desc, name, template in self.templates:  # the plan's key fixes all but the base
-            env[desc] = _rebased(template, env[name])
+            env[desc] = rebased_descriptor(template, env[name])
 
     def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
         memo = self.memo
@@ -366,7 +369,7 @@ class HopperDkvLaunch:
         if found is None:
             return None
         names = jit_function(self.launch.kernel).arg_names
-        inputs = {desc: (name, _rebased(env[desc], None)) for desc, name, *_ in self.views}
+        inputs = {desc: (name, rebased_descriptor(env[desc], None)) for desc, name, *_ in self.views}
         descs = []
         for meta, i in zip(found.metas, sorted(found.positions)):
             ref = self.launch.args.get(names[i])
@@ -374,7 +377,7 @@ class HopperDkvLaunch:
                 return None
             descs.append((i, *inputs[ref.name], meta, {}))
         others = tuple((i, name) for i, name in others if i not in found.positions)
-        head = (function, found.cooperative, found.pdl, None, None, packed, None, None, None)
+        head = launch_head(found, function, packed)
         return found.launch, found.expand, self.launch.grid, head, template, pointers, others, tuple(descs)
 
     def _launch_memoized(self, memo: tuple, env: dict, stream: int) -> None:
@@ -393,7 +396,7 @@ class HopperDkvLaunch:
             if expanded is None:
                 if len(seen) >= _SEEN_ADDRESSES:
                     seen.clear()
-                expanded = seen[address] = expand(_rebased(template_desc, x), meta)
+                expanded = seen[address] = expand(rebased_descriptor(template_desc, x), meta)
             args += expanded
         args += values[start:]
         launch(*args)
@@ -401,12 +404,3 @@ class HopperDkvLaunch:
 
 _DESC = "_hopper_desc_"  # env names of the call's TMA descriptors
 _SEEN_ADDRESSES = 64  # a training loop's allocator hands a plan's buffers a few addresses in turn
-
-
-def _rebased(template, base):
-    """`template` (a TensorDescriptor) over `base`: its fields copied without re-validating them (0.7 us here where
-    `from_tensor` takes 5; the plan's key holds the shapes, dtypes and alignment, and its inputs are contiguous)."""
-    d = object.__new__(type(template))
-    d.__dict__.update(template.__dict__)
-    d.base = base
-    return d

@@ -200,6 +200,25 @@ def descriptor_launcher(run) -> Optional[DescriptorLauncher]:
                               run.launch_cooperative_grid, run.launch_pdl)
 
 
+def launch_head(found: DescriptorLauncher, function, packed) -> tuple:
+    """The C launcher's arguments between the stream and the kernel's parameters, as Triton 3.6's wrapper passes them
+    (`descriptor_launcher`): function, cooperative, PDL, the two scratch buffers (none: `descriptor_launcher` accepts
+    only kernels without), packed metadata, launch metadata and the two hooks (none: the direct path runs only
+    without launch hooks, `launch_hooks_empty`)."""
+    return function, found.cooperative, found.pdl, None, None, packed, None, None, None
+
+
+def rebased_descriptor(template, base):
+    """A copy of a host tensor descriptor (Gluon's or Triton's `TensorDescriptor`, a plain object whose fields are
+    its base tensor, shape, strides, block shape and layout in 3.6-3.9) over tensor `base`, without the validating
+    constructor (0.7 us against 5 here): for a plan's descriptors, whose shapes, dtypes and alignment its key fixes.
+    `base` None: a template holding no tensor."""
+    d = object.__new__(type(template))
+    d.__dict__.update(template.__dict__)
+    d.base = base
+    return d
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Scratch allocator
 # ----------------------------------------------------------------------------------------------------------------
