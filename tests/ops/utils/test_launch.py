@@ -11,6 +11,7 @@ with a window, sinks over packed sequences, the five-product backward) gives bit
 on the GPU as on the CPU."""
 
 import types
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -396,3 +397,25 @@ def test_public_path_gives_bitwise_the_same(name, monkeypatch):
         ref = naive_parallel_attn(part["q"], part["k"], part["v"], window_size=window, g=part["g"], sink_bias=sink)
         assert_close("o", ref, default["o"][:, a:b])
 
+
+
+def test_rebased_descriptor_copies_fields_over_a_new_base():
+    """`triton_private.rebased_descriptor`: the template's fields over another tensor, the template untouched (the
+    Hopper step's descriptors from the second call of a plan on, which the GPU tests check end to end)."""
+    from fla_bwd.ops.utils.triton_private import launch_head, rebased_descriptor
+
+    class Descriptor:
+        def __init__(self, base):
+            self.base, self.shape, self.strides, self.block_shape = base, [4, 8], [8, 1], [2, 8]
+
+    a, b = torch.zeros(4, 8), torch.ones(4, 8)
+    template = rebased_descriptor(Descriptor(a), None)
+    moved = rebased_descriptor(template, b)
+    assert type(moved) is Descriptor and moved.base is b and template.base is None
+    assert (moved.shape, moved.strides, moved.block_shape) == ([4, 8], [8, 1], [2, 8])
+
+    class Found(NamedTuple):
+        cooperative: bool = False
+        pdl: bool = True
+
+    assert launch_head(Found(), "fn", "packed") == ("fn", False, True, None, None, "packed", None, None, None)
