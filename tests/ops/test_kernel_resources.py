@@ -6,16 +6,17 @@ at D = 128 once asked for 256 KB in the forward.
 
 The full set, every run, without compiling what has not changed: the subprocess is this file run as a script, which
 runs `scripts/compile_sm90.py`'s own `main` with `triton.compile` looked up first in a record of earlier results
-(`sm90_record/<test>.json`, committed) keyed on Triton's own compile key: a hash of the kernel's source and of every
-@triton.jit function it calls (with the line it starts at), its signature, constexprs (tiles, CONTAIN mode, head
-dim, dtype) and options (warps, stages), the Triton build, ptxas's version and the target. A kernel whose key is in
-the record is not compiled again (the compile is deterministic: it would give the same cubin); its recorded
-registers, spills and shared memory are printed and checked as a fresh compile's would be. Any other kernel is
-compiled, into a private Triton cache removed afterwards (nothing is left in `~/.triton`), and recorded. After a
-kernel change the suite compiles the changed kernels (~10 s each on an idle core) and rewrites the record: commit it
-with the change, and a clean clone (CI) compiles nothing; forget it and CI compiles them, as it should.
-FLA_BWD_SM90_RECOMPILE=1 ignores the record and compiles the whole set (~15 min on 2 cores), e.g. to check the
-record itself.
+(`sm90_record/<test>.json`, committed) keyed on Triton's own compile key, the one its cache files a kernel under: a
+hash of the kernel's source and of every @triton.jit function it calls (each with the line it starts at), its
+signature, constexprs (tiles, CONTAIN mode, head dim, dtype) and options (warps, stages), the Triton build, ptxas's
+version and the target. A kernel whose key is in the record is not compiled again (as a warm Triton cache would not
+compile it); its recorded registers, spills and shared memory are printed and checked as a fresh compile's are. Any
+other kernel is compiled, into a private Triton cache removed afterwards (nothing is left in `~/.triton`), and
+recorded. After a kernel change the suite compiles the kernels whose key changed (an added line also moves the start
+of every kernel below it in that file) and rewrites the record: commit it with the change, and a clean clone (CI)
+compiles nothing; forget it and CI compiles them, as it should. FLA_BWD_SM90_RECOMPILE=1 ignores the record and
+compiles the whole set (a cold run), e.g. to check the record itself: the record
+it rewrites must come out unchanged.
 
 `scripts/compile_sm90.py` prints a line as each kernel is done, in a fixed order; the test fails only when no line
 has come for a while (a hang, not a slow machine: the allowance grows with the load average), says which kernel was
