@@ -15,8 +15,7 @@ other kernel is compiled, into a private Triton cache removed afterwards (nothin
 recorded. After a kernel change the suite compiles the kernels whose key changed (an added line also moves the start
 of every kernel below it in that file) and rewrites the record: commit it with the change, and a clean clone (CI)
 compiles nothing; forget it and CI compiles them, as it should. FLA_BWD_SM90_RECOMPILE=1 ignores the record and
-compiles the whole set (a cold run), e.g. to check the record itself: the record
-it rewrites must come out unchanged.
+compiles the whole set (a cold run), e.g. to check the record itself: the record it rewrites must come out unchanged.
 
 `scripts/compile_sm90.py` prints a line as each kernel is done, in a fixed order; the test fails only when no line
 has come for a while (a hang, not a slow machine: the allowance grows with the load average), says which kernel was
