@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICE
 from helpers import Case, check_against_oracle, make_inputs, params
 
 import fla_bwd.ops.attn.host as host
@@ -89,7 +88,6 @@ def test_a_route_is_frozen():
     assert hash(route) == hash(_select(CASES[0]))  # plans key tail calls on it
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's interpreter tiles")
 def test_tail_route_is_seven_products():
     from fla_bwd.ops.attn import dispatch
 
