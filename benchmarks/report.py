@@ -88,7 +88,7 @@ def answer_section(data: dict) -> list:
         "",
         S.md_table(head, body),
         "",
-        "Row kinds (derived from each shape, first rule that applies: fp32, varlen, gated, windowed, short, MHA, "
+        "Row kinds (derived from each shape, first rule that applies: fp32, varlen, gated, sink, windowed, short, MHA, "
         "dense GQA):",
         "",
     ]
@@ -175,7 +175,9 @@ def markdown(data: dict) -> str:
         "",
         "Times in microseconds (median over independent rounds); `(x)` = peer time / fla_bwd time (> 1: fla_bwd "
         "faster); `[x]` beside FA3: both timed FA3's way; `skip`: the peer did not run the row (reasons below each "
-        "table); peak-inputs MiB: peak memory over the inputs.",
+        "table); vs twin: our time per visible pair over ours on the row it is compared with (the same work "
+        "without the sink or the packing; equal pairs make it the time ratio), where both ran; peak-inputs MiB: peak "
+        "memory over the inputs.",
         "",
     ]
     modes = [m for m in ("bwd", "fwdbwd", "fwd") if any(m in r.get("modes", {}) for r in data.get("results", []))]

@@ -59,8 +59,8 @@ class Candidate:
 
 
 def leaves_of(inputs: dict) -> list:
-    """The tensors a backward differentiates: q, k, v and, where given, the gate g."""
-    return [t for t in (inputs.get("q"), inputs.get("k"), inputs.get("v"), inputs.get("g")) if t is not None]
+    """The tensors a backward differentiates: q, k, v and, where given, the gate g and the sink logits."""
+    return [t for t in (inputs.get(n) for n in ("q", "k", "v", "g", "sink_bias")) if t is not None]
 
 
 def ours(op_fn, call, inputs: dict, shape, do, path: Optional[str]) -> Candidate:

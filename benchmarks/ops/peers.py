@@ -109,9 +109,10 @@ def _fla_candidate(shape, inputs, do) -> Candidate:
     from fla.ops.attn.parallel import parallel_attn as fla_parallel_attn
 
     q, k, v, g, cu = inputs["q"], inputs["k"], inputs["v"], inputs.get("g"), inputs.get("cu_seqlens")
+    sink = {"sink_bias": inputs["sink_bias"]} if inputs.get("sink_bias") is not None else {}  # FLA 0.6 has sinks
 
     def forward():
-        return fla_parallel_attn(q, k, v, g=g, window_size=shape.W, cu_seqlens=cu)
+        return fla_parallel_attn(q, k, v, g=g, window_size=shape.W, cu_seqlens=cu, **sink)
 
     return Candidate(name="fla-0.6", forward=forward, leaves=leaves_of(inputs), do=do)
 

@@ -56,8 +56,11 @@ def _varlen_post_init(shape: Shape, inputs: dict, device) -> None:
 
 
 def _call_parallel_attn(fn, inputs: dict, shape: Shape):
+    """The op on the row's inputs; `sink_bias` only where the row has one (the calls of other rows stay as they
+    were, for an earlier commit's package too)."""
+    sink = {"sink_bias": inputs["sink_bias"]} if inputs.get("sink_bias") is not None else {}
     return fn(inputs["q"], inputs["k"], inputs["v"], g=inputs.get("g"), scale=None, window_size=shape.W,
-              cu_seqlens=inputs.get("cu_seqlens"))
+              cu_seqlens=inputs.get("cu_seqlens"), **sink)
 
 
 OPS = {
@@ -71,6 +74,8 @@ OPS = {
             TensorSpec("v", lambda s: (s.B, s.T, s.H, s.V)),
             TensorSpec("g", lambda s: (s.B, s.T, s.HQ), dtype="fp32", transform="logsigmoid",
                        when=lambda s: s.gated),
+            # drawn last: a row without a sink draws q, k, v and g exactly as before the sink existed
+            TensorSpec("sink_bias", lambda s: (s.HQ,), dtype="fp32", when=lambda s: s.sink),
         ),
         # the op's contract, and the dK/dV "gqa" kernel's and dispatch's contract (what the A/B measures)
         gate_files=("tests/ops/test_attn.py", "tests/ops/test_attn_gqa.py"),
@@ -155,6 +160,18 @@ SHAPES = [
     _s("ctl-fp32-g8-T2048", 1, 2048, 32, 4, 128, dtype="fp32", group="control", note="fp32"),
     _s("ctl-K128-V64-g8-T2048", 2, 2048, 32, 4, 128, V=64, group="control", note="K != V"),
     _s("ctl-mha-T2048", 2, 2048, 32, 32, 128, group="control", note="MHA (G = 1)"),
+    # issue 60's fast paths, each beside the row it is compared with (`twin`: the report's "vs twin" column, our
+    # time over our time on the twin row, per visible pair). Appended last: the rows above keep their priority.
+    _s("gqa4-B4-T2048", 4, 2048, 32, 8, 128, group="fastpath", note="dense twin of packed-4x2048-G4"),
+    _s("packed-4x2048-G4", 1, 8192, 32, 8, 128, varlen=True, lens=(2048,) * 4, group="fastpath",
+       twin="gqa4-B4-T2048", note="four equal sequences packed: the same pairs as its dense twin"),
+    _s("packed-1x8192-G8", 1, 8192, 32, 4, 128, varlen=True, lens=(8192,), group="fastpath", twin="g8-T8192",
+       note="one packed sequence: the same pairs as its dense twin"),
+    _s("packed-mixed-8192-G8", 1, 8192, 32, 4, 128, varlen=True, lens=(2227, 869, 1233, 3863), group="fastpath",
+       twin="g8-T8192", note="varlen-gated-8192's lengths, ungated: fewer pairs than its twin"),
+    _s("gqa4-long-sink", 2, 2048, 32, 8, 128, sink=True, group="fastpath", twin="gqa4-long"),
+    _s("g8-T8192-sink", 1, 8192, 32, 4, 128, sink=True, group="fastpath", twin="g8-T8192"),
+    _s("gqa4-long-D256", 2, 2048, 32, 8, 256, group="fastpath"),
 ]
 
 # CPU/interpreter self-test shapes (not performance numbers)
@@ -167,6 +184,20 @@ SMOKE_SHAPES = [
 GROUPS = sorted({s.group for s in SHAPES + SMOKE_SHAPES})
 _BY_NAME = {s.name: s for s in SHAPES + SMOKE_SHAPES}
 assert len(_BY_NAME) == len(SHAPES) + len(SMOKE_SHAPES), "duplicate shape name"
+
+
+def twin_error(s: Shape) -> Optional[str]:
+    """None when the row's twin (if any) is a registered row of the same heads, head dims and dtype (what a per-pair
+    time ratio needs), else why not."""
+    t = _BY_NAME.get(s.twin) if s.twin else s
+    if t is None:
+        return f"twin {s.twin!r} is not a registered row"
+    if (t.HQ, t.H, t.K, t.V, t.dtype) != (s.HQ, s.H, s.K, s.V, s.dtype):
+        return f"twin {s.twin!r} has other heads, head dims or dtype"
+    return None
+
+
+assert not any(map(twin_error, SHAPES + SMOKE_SHAPES)), [e for e in map(twin_error, SHAPES + SMOKE_SHAPES) if e]
 
 
 def get_op(name: str) -> OpEntry:
@@ -207,5 +238,6 @@ def listing() -> str:
     for s in SHAPES + SMOKE_SHAPES:
         extra = f"  -- {s.note}" if s.note else ""
         peers = "" if s.peers is True else " [no peers]" if not s.peers else f" [peers: {','.join(s.peers)}]"
-        lines.append(f"  {s.name:<24} {s.group:<9} {','.join(s.modes):<11} {s.describe()}{peers}{extra}")
+        twin = f" [twin: {s.twin}]" if s.twin else ""
+        lines.append(f"  {s.name:<24} {s.group:<9} {','.join(s.modes):<11} {s.describe()}{peers}{twin}{extra}")
     return "\n".join(lines)

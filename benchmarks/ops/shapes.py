@@ -30,6 +30,7 @@ class Shape:
     V: int
     W: Optional[int] = None  # query i sees keys [i - W + 1, i]
     gated: bool = False
+    sink: bool = False  # a learnable [HQ] sink logit in every softmax denominator (GPT-OSS); adds no pair
     varlen: bool = False
     nseq: int = 0  # varlen only: number of packed sequences (0: T // 2048, at least 2)
     lens: tuple = ()  # varlen only: the packed lengths given explicitly (else drawn from the seed)
@@ -38,6 +39,7 @@ class Shape:
     modes: tuple = ("bwd", "fwdbwd")
     group: str = "headline"
     peers: object = True  # True: every peer asked for; False: none (A/B only); a tuple: only these peers
+    twin: str = ""  # the registered row our time is compared with (the same work without the feature), "" none
     note: str = ""
     tags: tuple = field(default_factory=tuple)
 
@@ -52,13 +54,17 @@ class Shape:
             s += f" W{self.W}"
         if self.gated:
             s += " gated"
+        if self.sink:
+            s += " sink"
         if self.varlen:
             s += f" varlen(N={len(self.seqlens())})"
         return s + f" {self.dtype}"
 
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("name", "B", "T", "HQ", "H", "K", "V", "W", "gated", "varlen", "dtype")}
-        d.update(G=self.G, seed=self.seed, group=self.group, describe=self.describe())
+        d = {k: getattr(self, k) for k in ("name", "B", "T", "HQ", "H", "K", "V", "W", "gated", "sink", "varlen",
+                                           "dtype")}
+        d.update(G=self.G, seed=self.seed, group=self.group, twin=self.twin, pairs=self.pairs(),
+                 describe=self.describe())
         if self.varlen:
             d["seqlens"] = self.seqlens()
         return d
@@ -99,6 +105,10 @@ class Shape:
             raise ShapeError(f"shape {self.name!r}: lens {self.lens} must be positive and sum to T={self.T} (varlen)")
         if self.varlen and self.nseq and self.nseq > self.T:
             raise ShapeError(f"shape {self.name!r}: {self.nseq} sequences cannot pack into T={self.T}")
+        if self.nseq and self.lens and self.nseq != len(self.lens):
+            raise ShapeError(f"shape {self.name!r}: nseq={self.nseq} but {len(self.lens)} lens given")
+        if self.twin == self.name:
+            raise ShapeError(f"shape {self.name!r}: a row cannot be its own twin")
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ShapeError(f"shape {self.name!r}: unknown mode(s) {bad}; modes are {MODES}")
@@ -155,11 +165,11 @@ def cu_seqlens_list(seqlens) -> list:
 
 
 _CUSTOM_KEYS = {"B", "T", "HQ", "H", "D", "K", "V", "W", "N", "SEED"}
-_CUSTOM_FLAGS = {"gated", "varlen", "bf16", "fp16", "fp32"}
+_CUSTOM_FLAGS = {"gated", "sink", "varlen", "bf16", "fp16", "fp32"}
 
 
 def parse_custom(spec: str, name: str = "custom") -> Shape:
-    """Parse `B=1,T=1024,HQ=32,H=4,D=128[,W=512][,gated][,varlen][,fp16|fp32][,N=4][,SEED=0]`."""
+    """Parse `B=1,T=1024,HQ=32,H=4,D=128[,W=512][,gated][,sink][,varlen][,fp16|fp32][,N=4][,SEED=0]`."""
     vals, flags = {}, set()
     for raw in spec.split(","):
         item = raw.strip()
@@ -189,16 +199,16 @@ def parse_custom(spec: str, name: str = "custom") -> Shape:
     return Shape(
         name=name, B=vals["B"], T=vals["T"], HQ=vals["HQ"], H=vals["H"],
         K=vals.get("K", vals.get("D")), V=vals.get("V", vals.get("D")), W=vals.get("W"),
-        gated="gated" in flags, varlen="varlen" in flags, nseq=vals.get("N", 0), seed=vals.get("SEED", 0),
-        dtype=dtypes[0] if dtypes else "bf16", group="custom",
+        gated="gated" in flags, sink="sink" in flags, varlen="varlen" in flags, nseq=vals.get("N", 0),
+        seed=vals.get("SEED", 0), dtype=dtypes[0] if dtypes else "bf16", group="custom",
     ).validate()
 
 
 def unsupported(peer: str, shape) -> Optional[str]:
     """None when the peer computes this shape's function, else why not."""
     if peer in ("sdpa-cudnn", "sdpa-fa2"):
-        if shape.W is not None or shape.gated or shape.varlen:
-            return "SDPA has no sliding window / gate / packed varlen"
+        if shape.W is not None or shape.gated or shape.varlen or shape.sink:
+            return "SDPA has no sliding window / gate / packed varlen / attention sink"
         if shape.dtype == "fp32":
             return ("cuDNN attention" if peer == "sdpa-cudnn" else "FlashAttention-2") + " is fp16/bf16 only"
         if peer == "sdpa-fa2" and shape.K != shape.V:
@@ -208,8 +218,12 @@ def unsupported(peer: str, shape) -> Optional[str]:
             return "the flash_attn3_jax wheel has head-dim-128 kernels only"
         if shape.gated:
             return "FA3 has no forget gate"
+        if shape.sink:
+            return "the flash_attn3_jax wheel has no attention sink"
         if shape.varlen:
             return "FA3 varlen not wired in this harness"
         if shape.dtype == "fp32":
             return "FA3 is fp16/bf16 only"
+    if peer == "flex" and shape.sink:
+        return "Flex has no sink logit (a logsumexp rescale of its output could add one: not wired)"
     return None

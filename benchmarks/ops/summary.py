@@ -26,11 +26,12 @@ RECORDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 # Row kinds, derived from the shape alone (first rule that applies), in the answer table's column order.
 SHORT_T = 512
-KINDS = ("dense GQA", "MHA", f"short (T<={SHORT_T})", "windowed", "gated", "varlen", "fp32")
+KINDS = ("dense GQA", "MHA", f"short (T<={SHORT_T})", "windowed", "gated", "sink", "varlen", "fp32")
 KIND_RULES = {
     "fp32": "fp32 inputs (a control: most peers are fp16/bf16 only)",
-    "varlen": "packed variable-length batch (gated)",
+    "varlen": "packed variable-length batch (gated or not)",
     "gated": "forget gate, dense",
+    "sink": "attention sink, dense",
     "windowed": "sliding window",
     f"short (T<={SHORT_T})": f"dense causal, T <= {SHORT_T} (host-bound)",
     "MHA": "dense causal, G = 1",
@@ -41,13 +42,16 @@ MODE_TITLES = {"bwd": "backward alone", "fwdbwd": "forward + backward", "fwd": "
 
 
 def row_kind(shape: dict) -> str:
-    """The row's kind from its shape record (`Shape.as_dict()`): fp32, varlen, gated, windowed, short, MHA or GQA."""
+    """The row's kind from its shape record (`Shape.as_dict()`): fp32, varlen, gated, sink, windowed, short, MHA or
+    GQA."""
     if shape.get("dtype") == "fp32":
         return "fp32"
     if shape.get("varlen"):
         return "varlen"
     if shape.get("gated"):
         return "gated"
+    if shape.get("sink"):
+        return "sink"
     if shape.get("W"):
         return "windowed"
     if shape.get("T", 0) <= SHORT_T:
@@ -181,6 +185,20 @@ def peer_names(records, mode):
 
 
 ROW_VIEWS = ("all", "user", "dev")
+TWIN_HEAD = "vs twin (ours/twin per visible pair)"
+
+
+def twin_ratios(records, mode) -> dict:
+    """{row: (twin, ratio)} for the rows whose twin (`Shape.twin`) ran `mode` in the same record: our median per
+    visible pair over our median per visible pair on the twin (> 1: the row costs more per pair). Where both rows
+    have the same pairs (a sink, or equal sequences packed) this is the plain time ratio."""
+    per_pair = {}
+    for r in records:
+        ours = r.get("modes", {}).get(mode, {}).get("candidates", {}).get(OURS)
+        if ours and r["shape"].get("pairs"):
+            per_pair[r["shape"]["name"]] = ours["median_us"] / r["shape"]["pairs"]
+    return {r["shape"]["name"]: (r["shape"]["twin"], per_pair[r["shape"]["name"]] / per_pair[r["shape"]["twin"]])
+            for r in records if r["shape"]["name"] in per_pair and r["shape"].get("twin") in per_pair}
 
 
 def _is_baseline(name: str) -> bool:
@@ -199,7 +217,9 @@ def rows(data: dict, mode: str, view: str = "all"):
     elif view == "dev":
         peers = [p for p in peers if _is_baseline(p)]
     user, dev = view in ("all", "user"), view in ("all", "dev")
+    twins = twin_ratios(records, mode) if user and data.get("gate", {}).get("status") != "red" else {}
     head = ["shape"] + (["config"] if user else []) + [f"{OURS} us"] + (["TFLOP/s"] if user else [])
+    head += [TWIN_HEAD] if twins else []
     head += (["host us", "A/B legacy/auto [min-max]", f"{LEGACY} us"] if dev else [])
     head += [f"{p} us (x)" for p in peers] + (["kernels"] if dev else []) + (["peak-inputs MiB"] if user else [])
     body = []
@@ -213,6 +233,9 @@ def rows(data: dict, mode: str, view: str = "all"):
         abs_ = f"{ab['median']:.3f} [{ab['min']:.3f}-{ab['max']:.3f}]" if ab.get("median") else "-"
         row = [r["shape"]["name"]] + ([r["shape"]["describe"]] if user else []) + [_fmt(ours["median_us"])]
         row += [_fmt(ours.get("tflops"))] if user else []
+        if twins:
+            twin = twins.get(r["shape"]["name"])
+            row.append(f"{twin[1]:.3f} ({twin[0]})" if twin else "-")
         row += [_fmt(ours.get("host_us")), abs_, _fmt(c.get(LEGACY, {}).get("median_us"))] if dev else []
         for p in peers:
             if p in c:

@@ -29,9 +29,10 @@ from benchmarks.ops import registry  # noqa: E402
 from benchmarks.ops.timing import Timer, median_us  # noqa: E402
 from fla_bwd.ops.attn import config, dkv_path, host, naive_parallel_attn, parallel_attn  # noqa: E402
 
-# The registry's dense shapes with K == V in bf16 (the harness makes bf16 inputs): name -> (B, T, HQ, H, D, W, gated).
+# The registry's dense shapes with K == V in bf16 (the harness makes bf16 inputs) and no sink (this tool passes none):
+# name -> (B, T, HQ, H, D, W, gated).
 SHAPES = {s.name: (s.B, s.T, s.HQ, s.H, s.K, s.W, s.gated)
-          for s in registry.SHAPES if not s.varlen and s.K == s.V and s.dtype == "bf16"}
+          for s in registry.SHAPES if not s.varlen and not s.sink and s.K == s.V and s.dtype == "bf16"}
 
 # Tile-config variants: {kernel: overrides}, applied to every entry of `config.TILE_CONFIGS` (the GPU's tiles; under
 # the interpreter `config.tile_config` returns INTERPRETER_CONFIG, so variants change nothing there). "base" is the

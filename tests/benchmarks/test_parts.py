@@ -47,8 +47,8 @@ def test_two_parts_are_flagged_over_the_command_limit():
     assert "OVER the 540 s limit" in text.splitlines()[1] and "OVER" not in plan.describe(3)
 
 
-def test_default_three_parts_leave_headroom_and_balance():
-    est = [plan.part_estimate(p, k) for k, p in enumerate(plan.split(parts=3), 1)]
+def test_default_four_parts_leave_headroom_and_balance():
+    est = [plan.part_estimate(p, k) for k, p in enumerate(plan.split(parts=4), 1)]  # gpu_run.sh's PARTS
     assert max(est) <= 0.75 * plan.COMMAND_LIMIT_S  # the runner's own budget (TOTAL - ~100 s) must not bite
     assert max(est) - min(est) < 60
     assert plan.parse_part("2/3") == (2, 3)
