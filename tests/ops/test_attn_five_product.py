@@ -43,6 +43,11 @@ CPU_CASES = [
     Case(B=1, T=80, HQ=2, H=2, K=32, dtype=bf16, gate=True, g_dtype=bf16),
     Case(B=1, T=130, HQ=2, H=2, K=64, dtype=bf16, gate=True, scale=0.5),  # sharp rows: delta from o alone failed
     Case(B=1, T=300, HQ=2, H=1, K=32, dtype=bf16, gate=True, window=100),  # keys of several key-side programs
+    Case(B=2, T=63, HQ=4, H=2, K=64, dtype=bf16, sink=float("nan")),
+    Case(B=1, T=90, HQ=4, H=1, K=64, V=32, dtype=f16, sink=2.0, window=20),  # the sink takes much of the mass
+    Case(B=1, T=70, HQ=2, H=2, K=32, dtype=bf16, sink=-1.0, sink_dtype=bf16, gate=True),
+    Case(B=1, T=40, HQ=2, H=1, K=32, dtype=bf16, sink=-2.0, window=1, scale=0.5),  # one key a row: o_lo's delta
+    Case(B=1, T=9, HQ=2, H=2, K=64, dtype=bf16, sink=0.0, scale=0.5),
 ]
 GPU_CASES = [
     Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16),
@@ -52,6 +57,9 @@ GPU_CASES = [
     Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16, gate=True),
     Case(B=1, T=2048, HQ=8, H=8, K=128, dtype=f16, gate=True),
     Case(B=1, T=1500, HQ=8, H=2, K=64, dtype=bf16, gate=True, window=300),
+    Case(B=2, T=1024, HQ=16, H=4, K=128, dtype=bf16, sink=float("nan")),
+    Case(B=1, T=2048, HQ=8, H=2, K=128, dtype=f16, sink=2.0, sink_dtype=bf16),
+    Case(B=1, T=1000, HQ=8, H=2, K=64, dtype=bf16, sink=0.0, gate=True, window=200),
 ]
 CASES = GPU_CASES if DEVICE == "cuda" else CPU_CASES
 _SPLIT_PATHS = {1: "gqa", 2: "gqa-split2", 4: "gqa-split4"}  # the dK/dV path that forces each split
@@ -200,14 +208,20 @@ def _gated_call(case: Case):
 
 def test_forward_makes_o_lo_only_for_a_gated_five_product_backward():
     """o's rounding residual costs the forward one more store: made for a gated call whose backward takes five
-    products (and only when a backward may follow). It is the residual of o's rounding (at most half an ulp of o, and
-    not all zero) and brings o + o_lo closer to the fp32 oracle than o."""
+    products (and only when a backward may follow; for a sink only on short rows, `dispatch.needs_exact_o`). It is
+    the residual of o's rounding (at most half an ulp of o, and not all zero) and brings o + o_lo closer to the fp32
+    oracle than o."""
     case = Case(B=1, T=70, HQ=2, H=1, K=64, dtype=bf16, gate=True)
     x, args = _gated_call(case)
+    sink = torch.zeros(case.HQ, device=DEVICE)
     with dq_path("from-ds"):
         o, _, _, o_lo, _ = host.forward(*args, for_backward=True)
         assert host.forward(*args, for_backward=False)[3] is None
         assert host.forward(*args[:3], None, *args[4:], for_backward=True)[3] is None  # ungated
+        assert host.forward(*args[:3], None, sink, *args[5:], for_backward=True)[3] is None  # a sink: 70 keys a row
+        short = (*args[:3], None, sink, None, args[6], config.SINK_EXACT_O_BELOW_KEYS - 1)  # rows of 15 keys
+        assert host.forward(*short, for_backward=True)[3] is not None
+        assert host.forward(*short[:-1], config.SINK_EXACT_O_BELOW_KEYS, for_backward=True)[3] is None
     with dq_path("recompute"):
         assert host.forward(*args, for_backward=True)[3] is None
     assert o_lo is not None and o_lo.dtype == torch.int8 and o_lo.shape == o.shape
@@ -276,7 +290,8 @@ def test_o_lo_round_trip(dtype):
 
 def test_gated_backward_without_o_lo():
     """A gated backward whose forward made no o_lo (the torch.compile path's, `autograd.parallel_attn_fwd_op`):
-    "auto" takes seven products, a forced five-product backward raises rather than compute a coarser dg."""
+    "auto" takes seven products, a forced five-product backward raises rather than compute a coarser dg. A sink
+    needs no o_lo: its call takes five products all the same."""
     case = Case(B=1, T=70, HQ=2, H=1, K=64, dtype=bf16, gate=True)
     x, (q, k, v, g, *rest) = _gated_call(case)
     o, lse, gc, o_lo, _ = host.forward(q, k, v, g, *rest)
@@ -287,6 +302,10 @@ def test_gated_backward_without_o_lo():
             host.backward(do, q, k, v, o, lse, gc, g, None, None, rest[-2], rest[-1])
     call = host.call_of(q, k, v, g, None, None, rest[-2], rest[-1])
     assert dispatch.five_product(call.shape, True, True, exact_o=False) is None
+    sink = torch.zeros(case.HQ, device=DEVICE)
+    call = host.call_of(q, k, v, None, sink, None, rest[-2], rest[-1])
+    with dq_path("from-ds"):
+        assert dispatch.five_product(call.shape, True, True, exact_o=False) is not None
 
 
 @pytest.mark.parametrize("W", [None, 8], ids=["causal", "W8"])
@@ -302,6 +321,19 @@ def test_nan_inf_propagation(which, value, W, containment, gate, monkeypatch):
     spy = ChunkSpy(monkeypatch)
     with dq_path("from-ds"):
         out, clean, dep = _poisoned_run(which, value, W, gate=gate)
+    assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
+    _check_poisoned(out, clean, dep)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("containment", ["inline", "two-launch"])
+def test_nan_with_sink(which, containment, monkeypatch):
+    """As tests/ops/test_attn_nan.py's sink test, on five products: a NaN q, k or v vector reaches the same outputs
+    as without a sink, and dsink (`from_ds.sink_grad_kernel`) of exactly the query heads with a dependent row."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"):
+        out, clean, dep = _poisoned_run(which, math.nan, 8, gate=False, sink=0.0)
     assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
     _check_poisoned(out, clean, dep)
 
@@ -344,19 +376,22 @@ def _shape(**kw):
     (dict(K=64, V=64), None),  # D = 64: slower
     (dict(W=512), None),  # windows: not measured faster
     (dict(g_dtype=f32), None),  # gated: only on the Hopper kernel (Triton's lost) and `FIVE_PRODUCT_GATED`
-    (dict(sink_dtype=f32), None),
+    (dict(sink_dtype=f32), (1, 1)),  # a sink: as its no-sink twin (its forward stores o_lo)
     (dict(dtype=f32), None),
     (dict(T=8192, W=8192, B=1), None),  # dS tiles over the default budget: seven products, no error
 ], ids=["mha", "fp16", "T4096", "T1024", "g2", "g4", "g8-T8192", "g8-imbalanced", "g8-T4096", "g16", "D64", "window",
         "gate", "sink", "fp32", "over-budget"])
 def test_auto_dispatch(kw, expected, monkeypatch):
-    """The Triton kernel's rule (the Hopper kernel's: tests/ops/test_attn_gluon_dkv.py)."""
+    """The Triton kernel's rule (the Hopper kernel's: tests/ops/test_attn_gluon_dkv.py), for an eager call whose
+    forward stored o_lo where it needs it; without o_lo a gate or a sink takes seven products."""
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
     monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)  # the H200's (on the CPU too)
-    five = dispatch.five_product(_shape(**kw), True, True)
+    five = dispatch.five_product(_shape(**kw), True, True, exact_o=True)
     assert five == (None if expected is None else dispatch.FiveProduct(*expected)), five
+    if dispatch.needs_exact_o(_shape(**kw)):
+        assert dispatch.five_product(_shape(**kw), True, True, exact_o=False) is None
     assert dispatch.five_product(_shape(**kw), False, True) is None  # packed: seven products
     # another dK/dV kernel asked for: seven products
     with dkv_path("per-query-head"):
@@ -459,12 +494,11 @@ def test_auto_dispatch_of_gated_calls(monkeypatch):
         assert dispatch.five_product(short, True, True, exact_o=True) is None
 
 
-@pytest.mark.parametrize("what", ["sink", "packed", "fp32", "head_dim", "dkv_path", "budget", "budget_gated", "split"])
+@pytest.mark.parametrize("what", ["packed", "fp32", "head_dim", "dkv_path", "budget", "budget_gated", "split"])
 def test_calls_it_cannot_run_raise(what, monkeypatch):
     """Each reason is named, also for a gated call, whose forward cannot make o_lo for a backward it cannot run."""
     case = {
         "budget_gated": Case(T=40, HQ=2, H=1, K=32, gate=True),
-        "sink": Case(T=40, HQ=2, H=1, K=32, sink=0.0),
         "packed": Case(T=40, HQ=2, H=1, K=32, cu_seqlens=(0, 10, 40)),
         "fp32": Case(T=40, HQ=2, H=1, K=32, dtype=f32),
         "head_dim": Case(T=40, HQ=2, H=1, K=192),

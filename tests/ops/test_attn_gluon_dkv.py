@@ -246,7 +246,9 @@ GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ
                                                                   scale=0.3),
              Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16, gate=True),
              Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16, gate=True, g_dtype=bf16),
-             Case(B=1, T=1024, HQ=8, H=1, K=128, dtype=bf16, gate=True)]
+             Case(B=1, T=1024, HQ=8, H=1, K=128, dtype=bf16, gate=True),
+             Case(B=2, T=512, HQ=8, H=2, K=128, dtype=bf16, sink=float("nan")),
+             Case(B=1, T=384, HQ=4, H=1, K=128, dtype=f16, sink=2.0, sink_dtype=bf16, gate=True)]
 
 
 @needs_hopper

@@ -67,6 +67,10 @@ FIVE_PRODUCT_MIN_T_HOPPER = 512
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096).
 FIVE_PRODUCT_SPLITS = (1, 4, 2)
+# Five-product calls with a sink whose rows see fewer keys than this (min(T, W)) take delta from o in fp32 (o_lo,
+# `dispatch.needs_exact_o`): with a sink P is not exactly 1 on a one-key row, and the rounded o's delta cost dq
+# 4.6e-2 at W = 1 and 1.2e-2 at T = 8 (fp64 study; 5.3e-3 against 5.2e-3 without a sink from W = 4 on).
+SINK_EXACT_O_BELOW_KEYS = 16
 # The five-product backward's dK/dV launches run two query heads of each group (unrolled) below this length, one from
 # it on: the second head saves an fp32 dK/dV round trip, which paid at T = 2048 and not at T = 8192.
 DS_TWO_HEADS_BELOW_T = 4096

@@ -156,9 +156,18 @@ class FiveProduct(NamedTuple):
 
 def eligible(s) -> bool:
     """Whether the five-product backward can run a call of Shape s (dense is the caller's to check; a gated call
-    also needs the forward's o_lo)."""
-    return (s.dtype in (torch.float16, torch.bfloat16) and max(s.K, s.V) <= 128 and s.sink_dtype is None
-            and s.Q0 == 0)
+    also needs the forward's o_lo, `needs_exact_o`)."""
+    return s.dtype in (torch.float16, torch.bfloat16) and max(s.K, s.V) <= 128 and s.Q0 == 0
+
+
+def needs_exact_o(s) -> bool:
+    """Whether a five-product backward of Shape s needs delta from o in fp32 (o + o_lo, `needs_o_lo`): a gate, whose
+    gradient is a reverse cumsum that turns delta's rounding into a walk, or a sink on rows that see fewer than
+    `config.SINK_EXACT_O_BELOW_KEYS` keys. A sink on longer rows does not: its gradient -sum_i p_sink_i * delta_i
+    is made exact from the dK/dV kernels' fp32 dS sums (`from_ds.sink_grad_kernel`), and o_lo would cost the
+    forward a second P V product (g8-T8192-sink forward 1174 -> 1481 us, H200)."""
+    short = min(s.T, s.W) < config.SINK_EXACT_O_BELOW_KEYS
+    return s.g_dtype is not None or (s.sink_dtype is not None and short)
 
 
 @functools.lru_cache(maxsize=256)  # asked at every plan build: 2.9 -> 0.1 us on the CPU machine
@@ -280,16 +289,17 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
         return None, "forced (FLA_BWD_DQ_PATH=recompute)"
     G, D = s.HQ // s.H, max(s.K, s.V)
     runnable = dense and eligible(s)
-    gated_without_o_lo = s.g_dtype is not None and not exact_o
+    inexact = needs_exact_o(s) and not exact_o
     if k.dq_path == "auto":
         if not dense:
             return None, "packed sequences: five products run dense calls only"
         if not runnable:
-            return None, "fp32, a head dim above 128, a sink or tail queries: five products do not run them"
+            return None, "fp32, a head dim above 128 or tail queries: five products do not run them"
         if k.dkv_path != "auto":
             return None, f"a dK/dV kernel is forced (FLA_BWD_DKV_PATH={k.dkv_path})"
-        if gated_without_o_lo:
-            return None, "gated without o's rounding residual from the forward (torch.compile, or settings changed)"
+        if inexact:
+            return None, ("a gate or a sink on short rows without o's rounding residual from the forward "
+                          "(torch.compile, or settings changed)")
         return _auto_five(s, aligned, k)
     if k.dkv_path == "auto":
         split = next(_busy_splits(s), 1)  # auto's split where one keeps the GPU busy, else 1
@@ -302,7 +312,7 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
         split = kernel.split
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
-                         "16-bit q, k, v, head dims up to 128 and no sink")
+                         "16-bit q, k, v and head dims up to 128")
     hopper = _hopper(s, aligned, k)
     if hopper and k.dkv_path == "auto":
         split = hopper_split(s.B, s.T, s.H, G, config.sm_count(s.device))
@@ -311,10 +321,11 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
         raise ValueError(f"dq path 'from-ds': one query head of every KV head's share needs more dS scratch than "
                          f"FLA_BWD_DS_BUDGET_MIB = {k.ds_budget / 2**20:g} MiB allows")
     # Last: the forward's `needs_o_lo` swallows the reasons above, so they must reach the backward first.
-    if gated_without_o_lo:
-        raise ValueError("dq path 'from-ds' with a gate needs o's rounding residual from the forward, which it makes "
-                         "only in eager calls (not under torch.compile) where FLA_BWD_DQ_PATH was already 'from-ds' "
-                         "at the forward")
+    if inexact:
+        raise ValueError("dq path 'from-ds' with a gate, or a sink on rows of fewer than "
+                         f"{config.SINK_EXACT_O_BELOW_KEYS} keys, needs o's rounding residual from the forward, which "
+                         "it makes only in eager calls (not under torch.compile) where FLA_BWD_DQ_PATH was already "
+                         "'from-ds' at the forward")
     return FiveProduct(split, chunk, hopper), "forced (FLA_BWD_DQ_PATH=from-ds)"
 
 
@@ -325,11 +336,12 @@ def five_product(s, dense: bool, aligned: bool, exact_o: bool = False, k: Option
 
 
 def needs_o_lo(call, k: Knobs) -> bool:
-    """Whether the forward of `call` must store o's rounding residual o_lo: a gated call whose backward, with these
-    settings, takes five products. Its delta must then be rowsum(dO * o) with o in fp32 (the value the forward
-    accumulates before rounding): from the rounded o, dk and dg came out about twice as far from the oracle (past
-    the 5e-3 bar on sharp rows). The cost is one more store of o's shape in the forward, in int8."""
-    if call.shape.g_dtype is None:
+    """Whether the forward of `call` must store o's rounding residual o_lo: a call whose backward, with these
+    settings, takes five products and needs it (`needs_exact_o`: a gate, or a sink on short rows). Its delta must
+    then be rowsum(dO * o) with o in fp32 (the value the forward accumulates before rounding): from the rounded o,
+    dk and dg came out about twice as far from the oracle (past the 5e-3 bar on sharp rows). The cost is one more
+    store of o's shape in the forward, in int8, and the product of P's rounding with V."""
+    if not needs_exact_o(call.shape):
         return False
     try:
         return _five(call.shape, call.tiles is None, call.qkv_aligned, True, k)[0] is not None
@@ -352,7 +364,7 @@ class Route:
     delta: str  # seven: a key of `config.DELTA_MODES`; five: "o" or "o+o_lo" (the delta kernel's input)
     gate_grad: Optional[str]  # None (no gate), "halves" (seven), "by-band" or "key-side" (five)
     containment: str  # "inline" or "two-launch"
-    exact_o: bool  # the forward stores o_lo (a gated five-product call)
+    exact_o: bool  # the forward stores o_lo (a five-product call with a gate, or a sink on short rows)
     reasons: tuple = ()
 
     @property
@@ -416,15 +428,20 @@ def five_route(s, five: FiveProduct, k: Knobs, reasons: Optional[list] = None) -
                      f"budget"),
         ("heads a launch", f"{heads}" + ("" if five.hopper else ": two below config.DS_TWO_HEADS_BELOW_T, where the "
                                                                 "second head saves an fp32 dK/dV round trip")),
-        ("delta", "o+o_lo: rowsum(dO * o) with o in fp32 (the gate's gradient needs it)" if gated else
+        ("delta", "o+o_lo: rowsum(dO * o) with o in fp32 (a gate's gradient, or a sink on short rows, needs it)"
+                  if needs_exact_o(s) else
                   "o: rowsum(o * dO) by the delta kernel, before the dK/dV kernel"),
         ("containment", f"{containment}: {cwhy}")]
+    if s.sink_dtype is not None:
+        reasons.append(("sink gradient", "-sum_i p_sink_i * delta_i made exact from the dK/dV kernels' fp32 sums of "
+                                         "p_sink_i * dS_ij (`from_ds.sink_grad_kernel`)"))
     if gated:
         reasons.append(("gate gradient", {"by-band": "by-band: one launch sums the key side and scans dg (short "
                                                      "calls, whose partial sums grow as T^2)",
                                           "key-side": "key-side: the dQ kernel's partial key sums added up, then a "
                                                       "reverse cumsum"}[gate_grad]))
-    return Route(five, None, heads, "dkv", "o+o_lo" if gated else "o", gate_grad, containment, gated,
+    exact_o = needs_exact_o(s)
+    return Route(five, None, heads, "dkv", "o+o_lo" if exact_o else "o", gate_grad, containment, exact_o,
                  tuple(reasons))
 
 

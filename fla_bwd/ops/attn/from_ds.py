@@ -8,13 +8,15 @@ exact values its dK product reads: `parallel.parallel_attn_bwd_kernel_dkv_ds_per
 `gluon_dkv.py`), and a dQ kernel reads them back: dq_i = scale * sum_j dS_ij K_j, one product a tile, summed in a
 fixed order (deterministic, no atomics). The launches, in order (`host.add_five_product`):
 
-1. `delta_kernel`: delta = rowsum(o * dO) (fp32), which the dK/dV kernel needs before it runs;
+1. `delta_kernel`: delta = rowsum(o * dO) (fp32), which the dK/dV kernel needs before it runs (the sink enters the
+   kernels only through lse, which includes it);
 2. per chunk of query heads (`dispatch.ds_chunk`): the dS-storing dK/dV kernel over those heads of every group's
    share, one or two heads a launch, carrying fp32 dK/dV sums from launch to launch (bitwise the sums of one
    launch: the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the chunk's dq
    rows (gated: and `key_side_kernel`, which adds up the dQ kernel's partial key sums, or
    `gate_grad_of_band_kernel`, which adds them up and scans dg in one launch);
-3. with a split, the shares' fp32 partials summed in order (`add_group_sum`, as the seven-product split paths).
+3. with a split, the shares' fp32 partials summed in order (`add_group_sum`, as the seven-product split paths);
+   with a sink, `sink_grad_kernel` makes dsink from delta, lse and the dK/dV kernels' fp32 sums.
 
 Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk) a band of NTILE tiles; tile
 (query block qi of BQ rows, key tile kj of BT keys) for every key tile that qi sees, in query-block order and then
@@ -83,6 +85,34 @@ def delta_kernel(o, o_lo, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr,
     b_do = tl.load(do + p, mask=m, other=0).to(tl.float32)
     o_tok, o_hq = o_r // HQ, o_r % HQ
     tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok, tl.sum(b_o * b_do, 1), mask=o_r < R)
+
+
+@triton.jit(do_not_specialize=["NTOK", "NP"])
+def sink_grad_kernel(lse, delta, sink_bias, sink_part, dsink, NTOK, NP, BN: tl.constexpr, BP: tl.constexpr):
+    """dsink[h] (in dsink's dtype) of query head h (program h): the gradient -sum_i p_sink_i * delta_i of the sink,
+    whose logit enters only the denominator (p_sink_i = exp(sink_h - lse_i); lse `[HQ, NTOK]` base 2, the sink
+    included). delta `[HQ, NTOK]` comes from the rounded o, whose rounding every row's term would carry (an error
+    ratio of 1.5e-2 on dsink at T = 2048): instead, with the real keys' P summing to 1 - p_sink_i,
+    sum_i p_sink_i * delta_i = sum_ij p_sink_i * dS_ij + sum_i p_sink_i * (1 - p_sink_i) * delta_i
+    exactly for dS_ij = P_ij * (dP_ij - delta_i) with any delta_i: the dK/dV kernels summed the first term in fp32
+    per (key tile, head) into sink_part `[HQ, NP]`, before dS was rounded. Both sums in a fixed order
+    (deterministic)."""
+    i_hq = tl.program_id(0)
+    b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * 1.4426950408889634  # log2(e): lse is base 2
+    p_row = i_hq.to(tl.int64) * NTOK
+    # [BN]
+    b_acc = tl.zeros([BN], dtype=tl.float32)
+    for i_n in range(0, NTOK, BN):
+        o_n = i_n + tl.arange(0, BN)
+        m_n = o_n < NTOK
+        b_w = tl.exp2(b_sink - tl.load(lse + p_row + o_n, mask=m_n, other=float("inf")))
+        b_acc += b_w * (1 - b_w) * tl.load(delta + p_row + o_n, mask=m_n, other=0)
+    # [BP]
+    b_part = tl.zeros([BP], dtype=tl.float32)
+    for i_p in range(0, NP, BP):
+        o_p = i_p + tl.arange(0, BP)
+        b_part += tl.load(sink_part + i_hq.to(tl.int64) * NP + o_p, mask=o_p < NP, other=0)
+    tl.store(dsink + i_hq, (-(tl.sum(b_acc, 0) + tl.sum(b_part, 0))).to(dsink.dtype.element_ty))
 
 
 @triton.jit

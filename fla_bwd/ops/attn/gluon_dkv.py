@@ -15,8 +15,8 @@ It is the FLAG launch of the two-launch containment (`host.add_contained`): ever
 its dK/dV is not finite, and the Triton kernel's FIXUP launch recomputes those tiles with containment.
 
 Scope (`dispatch.hopper_why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, full causal, T a multiple of 128,
-dense, gated or not, one launch per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on (`dispatch._hopper`),
-its shares of each group by `dispatch.hopper_split`. Gluon has no CPU
+dense, gated or not, with a sink or not, one launch per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on
+(`dispatch._hopper`), its shares of each group by `dispatch.hopper_split`. Gluon has no CPU
 interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
 """
 
@@ -82,8 +82,8 @@ def _item(sched, t, L, B, H, SPLIT):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in,
-              dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk,
+              dv, dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
               q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
               kv_empty, H, G, SPLIT, CHUNK, ACC_IN):
     """Copies each item's K/V (a [64, D] box a consumer warpgroup), then q, dO, lse, delta (and, gated, the
@@ -115,8 +115,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in,
-              dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk,
+              dv, dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
               q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
               kv_empty, H, G, SPLIT, CHUNK, ACC_IN, i_wg):
     """Consumer warpgroup i_wg: keys [64 i_wg, 64 i_wg + 64) of every item, the four products of each of its
@@ -125,6 +125,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
     iteration). Gated: scores get gc_query - gc_key; the gate's gradient comes from the stored tiles
     (`from_ds.py`: here its key side cost 50 of 329 us at gqa4-long-gated)."""
     USE_G: gl.constexpr = gc is not None
+    USE_SINK: gl.constexpr = sink_bias is not None
     dtype: gl.constexpr = q_desc.dtype
     o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S))
     o_key = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_S))
@@ -154,6 +155,10 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
             if USE_G:
                 g_row = (i_h * G + i_p * (G // SPLIT) + G0 + c).to(gl.int64) * (B * T) + i_b * T + key0
                 b_gk = gl.load(gc + g_row + o_key)
+            if USE_SINK:  # this head's sum of p_sink * dS over the item's pairs (`from_ds.sink_grad_kernel`)
+                i_hq = i_h * G + i_p * (G // SPLIT) + G0 + c
+                b_sink = gl.load(sink_bias + i_hq).to(gl.float32) * 1.4426950408889634  # log2(e): lse is base 2
+                acc_sk = gl.zeros([BH_C], gl.float32, gl.SliceLayout(1, MMA_S))
             for qi in range(2 * m, T // BQ_C):
                 s = i % STAGES_C
                 mbarrier.wait(ready.index(s), (i // STAGES_C) & 1)
@@ -178,7 +183,11 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                 if (CHUNK > 1) & (c == CHUNK - 1) & (qi == T // BQ_C - 1):  # the item's K/V are read for the
                     mbarrier.arrive(kv_empty.index(0), count=1)  # last time: the next item's copies run under its end
                 b_delta = delta_smem.index(s).load(gl.SliceLayout(0, MMA_S))
-                b_ds = (b_pt * (b_dpt - b_delta[None, :])).to(dtype)
+                b_dsf = b_pt * (b_dpt - b_delta[None, :])
+                if USE_SINK:  # fp32, before dS is rounded; summed over queries, within each warp
+                    b_w = gl.exp2(b_sink - lse_smem.index(s).load(gl.SliceLayout(0, MMA_S)))
+                    acc_sk += gl.sum(b_dsf * b_w[None, :], 1)
+                b_ds = b_dsf.to(dtype)
                 if (i_wg == 0) | (qi > 2 * m):  # tile (qi, 2m + i_wg) is in the band (`from_ds.ds_layout`, causal)
                     buf = ds_smem.index(2 * i_wg + n_st % 2)
                     tma.store_wait(pendings=1)  # the store that last read buf has finished
@@ -190,6 +199,9 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                 acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))
                 mbarrier.arrive(empty.index(s), count=1)
                 i += 1
+            if USE_SINK:  # at (head, batch, 64-key tile): the Triton kernel's key tile and slot
+                NT = T // BH_C
+                gl.store(sink_part + i_hq.to(gl.int64) * (B * NT) + i_b * NT + 2 * m + i_wg, gl.sum(acc_sk, 0))
         if CHUNK == 1:  # one-head items released early lost: mha-long +2.3%
             mbarrier.arrive(kv_empty.index(0), count=1)
         # The FLAG launch's flag of this 64-key tile (the Triton kernel's program index): dK or dV not finite.
@@ -202,15 +214,17 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
 
 @gluon.jit(do_not_specialize=["L", "B", "T", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dkv_ds_hopper(
-    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in, dv_in,
-    nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, ACC_IN, H: gl.constexpr, G: gl.constexpr,
+    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk, dv, dk_in,
+    dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, ACC_IN, H: gl.constexpr, G: gl.constexpr,
     SPLIT: gl.constexpr, CHUNK: gl.constexpr,
 ):
     """dK/dV of heads [G0, G0 + CHUNK) of each share of G / SPLIT query heads, their dS^T tiles (`from_ds.py`'s
     layout, bands of NTILE tiles) and the FLAG launch's flags; dk, dv `[B, T, H * SPLIT, D]`, dk times dk_scale
     (the softmax scale, or 1 for the unscaled fp32 sums a next chunk continues), started from dk_in, dv_in where
     ACC_IN (a runtime 0/1: else they are not read), as the Triton kernel's ACC_IN / ACC_OUT. Gated: gc
-    `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view); ungated: both None."""
+    `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view); ungated: both None. With a sink (sink_bias `[HQ]`, else
+    None): each head's fp32 sum of p_sink * dS over an item's 64 keys of a consumer warpgroup into sink_part
+    `[HQ, B * T / 64]`, as the Triton kernel's."""
     gl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BQ_C, D_C], Q_SMEM)
@@ -235,16 +249,16 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     mbarrier.init(kv_empty.index(0), count=2)
     mbarrier.arrive(kv_empty.index(0), count=2)
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
-    wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in, dv_in,
-           nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+    wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk, dv,
+           dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
            q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 0)
-    wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in, dv_in,
-           nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+    wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk, dv,
+           dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
            q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 1)
-    producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, dk, dv, dk_in,
-                dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+    producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk,
+                dv, dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
                 kv_empty, H, G, SPLIT, CHUNK, ACC_IN)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
@@ -324,7 +338,7 @@ class HopperDkvLaunch:
                            for name, view, block, layout in table)
         self.launch = Launch(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
             **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, gc=args["gc"],
-            dk=args["dk"], dv=args["dv"],
+            sink_bias=args["sink_bias"], sink_part=args["sink_part"], dk=args["dk"], dv=args["dv"],
             dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
             nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
             qk_scale=s.scale * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale, ACC_IN=int(acc_in), H=s.H,

@@ -28,6 +28,7 @@ from fla_bwd.ops.attn.from_ds import (
     gate_grad_of_band_kernel,
     key_side_kernel,
     parallel_attn_bwd_kernel_dq_from_ds,
+    sink_grad_kernel,
 )
 from fla_bwd.ops.attn.gluon_dkv import HopperDkvLaunch
 from fla_bwd.ops.attn.inner import DS_BY_DESCRIPTOR, FIXUP, FLAG, INLINE
@@ -253,8 +254,9 @@ def _add_dkv_ds(plan: Plan, s, out: Optional[tuple], split: int, hopper: bool, *
     gated = s.g_dtype is not None
     for unused in ("cu_seqlens", "chunk_indices", "Q0"):  # dense, every query: the kernel takes none of them
         del args[unused]
+    sink = Ref("sink_bias") if five["sink_part"] is not None else None
     args = dict(args, do=Ref("do"), dk=dk, dv=dv, lse=Ref("lse"), delta=Ref("delta"),
-                g_cumsum=Ref("gc") if gated else None, SPLIT=split, **five)
+                g_cumsum=Ref("gc") if gated else None, sink_bias=sink, SPLIT=split, **five)
     if not hopper:
         add_contained(plan, parallel_attn_bwd_kernel_dkv_ds_per_kv_head, programs, args)
         return
@@ -262,7 +264,7 @@ def _add_dkv_ds(plan: Plan, s, out: Optional[tuple], split: int, hopper: bool, *
     plan.add(HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
         q=Ref("q"), k=Ref("k"), v=Ref("v"), do=Ref("do"), lse=Ref("lse"), delta=Ref("delta"), ds=five["ds"], dk=dk,
         dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"],
-        gc=args["g_cumsum"])))
+        gc=args["g_cumsum"], sink_bias=sink, sink_part=five["sink_part"])))
     plan.launch(parallel_attn_bwd_kernel_dkv_ds_per_kv_head, (programs,), nonfinite=Ref("flags"),
                 CONTAIN=FIXUP.value, **args)
 
@@ -275,6 +277,19 @@ def add_gate_grad_by_band(plan: Plan, dgk_part: Ref, dgc_q: Ref, dg: Ref, s, hea
     BR = BT if is_interpreter() else max(BT, min(1024, next_power_of_2(s.T)))
     plan.launch(gate_grad_of_band_kernel, (heads_of["NUM_BANDS"],), dgk_part=dgk_part, dgc_q=dgc_q, dg=dg,
                 HQ=s.HQ, BR=BR, BP=max(1, min(16, 8192 // BR)), **heads_of, num_warps=8 if BR >= 1024 else 4)
+
+
+def add_sink_grad(plan: Plan, s, delta, sink_part, NP: int) -> None:
+    """"dsink" `[HQ]` in sink_bias's dtype (`sink_grad_kernel`, one program a query head) from lse, delta and the
+    dK/dV kernels' partial sums `sink_part` `[HQ, NP]`; zeros where no query row exists (the gradient of a
+    sink that no token saw)."""
+    NTOK = s.B * s.T
+    if NTOK == 0:
+        plan.apply("dsink", torch.zeros_like, Ref("sink_bias"))
+        return
+    plan.launch(sink_grad_kernel, (s.HQ,), lse=Ref("lse"), delta=delta, sink_bias=Ref("sink_bias"),
+                sink_part=sink_part, dsink=plan.empty("dsink", (s.HQ,), s.sink_dtype), NTOK=NTOK, NP=NP,
+                BN=min(1024, next_power_of_2(NTOK)), BP=min(1024, next_power_of_2(NP)))
 
 
 def add_five_product(plan: Plan, s, route) -> None:
@@ -297,6 +312,9 @@ def add_five_product(plan: Plan, s, route) -> None:
     if R:
         plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if route.delta == "o+o_lo" else None,
                     do=Ref("do"), delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
+    # With a sink: each head's fp32 sums of p_sink * dS, a (batch, key tile) each (`_dkv_heads`).
+    sink = s.sink_dtype is not None
+    sink_part = plan.empty("sink_part", (s.HQ, s.B * cdiv(s.T, BT)), torch.float32) if sink else None  # [HQ, NP]
     ntile = ds_layout(s.T, s.W, BQ, BT)
     NP = s.H * split  # programs a key tile
     bands = s.B * NP * chunk
@@ -327,7 +345,7 @@ def add_five_product(plan: Plan, s, route) -> None:
         last = n == launches - 1
         dk_in, dv_in = sums[(n - 1) % 2] if n > 0 else (None, None)
         _add_dkv_ds(plan, s, last_out if last else sums[n % 2], split, hopper, ds=ds, NTILE=ntile, G0=n * heads,
-                    CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, ACC_OUT=not last)
+                    CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, sink_part=sink_part, ACC_OUT=not last)
         done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
         if done % chunk == 0 and s.T:  # a whole chunk: its dq rows (and the key side of its dgc)
             heads_of = dict(T=s.T, W=s.W, G0=done - chunk, H=s.H, G=G, SPLIT=split, CHUNK=chunk, BT=BT, BQ=BQ,
@@ -343,6 +361,8 @@ def add_five_product(plan: Plan, s, route) -> None:
                             **heads_of, num_warps=4)
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
+    if sink_part is not None:
+        add_sink_grad(plan, s, delta, sink_part, s.B * cdiv(s.T, BT))
     if gated and not by_band:
         add_gate_grad(plan, dgc_q, dgc_k, None, s.B, s.B, s.T, s.HQ, s.g_dtype)
 
@@ -361,26 +381,29 @@ def _build_forward(s: Shape, tiles: Optional[VarlenTiles], exact_o: bool) -> Pla
     return finish(plan)
 
 
-def _build_gated_forward(call: Call, k: dispatch.Knobs) -> Plan:
-    """A gated forward's plan, with o_lo where its backward under settings `k` takes five products."""
+def _build_exact_o_forward(call: Call, k: dispatch.Knobs) -> Plan:
+    """The forward's plan of a call that may need o_lo (`dispatch.needs_exact_o`), with o_lo where its backward under
+    settings `k` takes five products."""
     return _build_forward(call.shape, call.tiles, dispatch.needs_o_lo(call, k))
 
 
-def _forward_plan(call: Call, gated_for_backward: bool) -> Plan:
-    """The forward's plan; `gated_for_backward`: a gated call whose backward may follow, which makes o_lo where
-    that backward would take five products (`dispatch.needs_o_lo`), so its key holds the settings."""
-    if not gated_for_backward:
+def _forward_plan(call: Call, may_need_o_lo: bool) -> Plan:
+    """The forward's plan; `may_need_o_lo`: a call with a gate (or a sink on short rows) whose backward may follow,
+    which makes o_lo where that backward would take five products (`dispatch.needs_o_lo`), so its key holds the
+    settings."""
+    if not may_need_o_lo:
         return _plan((call.key, False), _build_forward, call.shape, call.tiles, False)
     k = dispatch.knobs()
-    return _plan(("fwd", call.key, k), _build_gated_forward, call, k)
+    return _plan(("fwd", call.key, k), _build_exact_o_forward, call, k)
 
 
 def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False):
     """(o, lse, the gate's cumsum gc times log2 e or None, o's rounding residual o_lo or None, the `Call` for the
     backward), for validated contiguous inputs. `window_size` 0 means full causal. `for_backward`: a backward may
-    follow, so make o_lo where it would need it (`dispatch.needs_o_lo`: a gated call that takes five products)."""
+    follow, so make o_lo where it would need it (`dispatch.needs_o_lo`: a call with a gate, or a sink on short rows,
+    that takes five products)."""
     call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-    plan = _forward_plan(call, for_backward and g is not None)  # ungated calls never need o_lo
+    plan = _forward_plan(call, for_backward and dispatch.needs_exact_o(call.shape))  # the others never need o_lo
     env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens), call.tiles)
     return env["o"], env["lse"], env.get("gc"), env.get("o_lo"), call
 

@@ -411,16 +411,17 @@ def query_rows(lse_base, delta_base, gq_base, i_t, T, BS: tl.constexpr, USE_G: t
 @triton.jit
 def dkv_block(
     b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base, ds,
-    ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+    ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
-    STORE_DS: tl.constexpr,
+    STORE_DS: tl.constexpr, SINK_SUM: tl.constexpr,
 ):
     """dK/dV contribution of queries [i_t, i_t + BS) to the key tile o_s, in transposed ([keys, queries]) form.
     FULL: every query of the block exists (see `load_rows`). STORE_DS: also store the 16-bit dS^T tile that the dK
     product consumes (`from_ds.py`) at tile ds_tile0 + (this block's first tile) of the tiles' [tiles * BT, BS] view:
     through the tensor descriptor `ds` (DS_BY_DESCRIPTOR; its rows < 2**31, `from_ds.ds_chunk`) or into the buffer
-    `ds` by plain stores (DS_BY_POINTER).
+    `ds` by plain stores (DS_BY_POINTER). SINK_SUM (with STORE_DS, whose b_dgk is otherwise unused): b_dgk += per
+    key the fp32 sum of p_sink_i * dS_ij over the block's queries, p_sink_i = exp2(sink2 - lse_i) (`dkv_one_head`).
 
     (b_lse, b_delta, b_gq) are this block's `query_rows`, loaded one iteration ahead; the block returns the next
     block's. Triton's pipeliner stages only the tile loads that feed dots, so these small vector loads would
@@ -468,6 +469,9 @@ def dkv_block(
         b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS,
                                                          USE_G=USE_G)
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
+    if SINK_SUM:
+        tl.static_assert(STORE_DS != 0, "the sink's sums take b_dgk, which only the dS-storing kernel leaves free")
+        b_dgk += tl.sum(b_dst * tl.exp2(sink2 - b_lse)[None, :], 1)
     if USE_G and not STORE_DS:  # with STORE_DS, dQ from dS sums both sides from the stored tiles (`from_ds.py`)
         if MASK:
             b_dgk += tl.sum(tl.where(o_s[:, None] != o_t[None, :], b_dst, 0), 1)
@@ -479,9 +483,10 @@ def dkv_block(
 @triton.jit
 def dkv_one_head(
     b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dgk_base, ds, ds_tile0, s0,
-    T, W, Q0, qk_scale, stride_q, stride_do,
+    T, W, Q0, qk_scale, stride_q, stride_do, sink2,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr,
+    SINK_SUM: tl.constexpr,
 ):
     """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
     gradient dgc w.r.t. the gate's cumsum for the tile's tokens.
@@ -494,6 +499,9 @@ def dkv_one_head(
     the reverse cumsum of dg adds the two (`gate_grad`): a plain store,
     so that a program that recomputes its tile (see `any_nonfinite`) overwrites what it wrote the first time.
     Not the closed form delta_j * p_sink_j of the full query-side sum: exact, but it keeps dS_jj.
+
+    SINK_SUM (the dS-storing kernel, with a sink whose logit times log2 e is sink2): store at dgk_base the fp32 sum
+    over the tile's pairs of p_sink_i * dS_ij, this head's share of the sink's gradient (`from_ds.sink_grad_kernel`).
 
     TAIL_Q: only positions [Q0, T) are queries (Q0 a multiple of BS; `parallel._query_tile`): each range starts at
     Q0 at the earliest, so the ranges stay consecutive BS-blocks (from max(s0, Q0)) and no row before Q0 is read.
@@ -516,21 +524,23 @@ def dkv_one_head(
     for i_t in range(t_diag, diag, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM)
     for i_t in range(t_full, hi, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=True, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM)
     for i_t in range(t_mask, end, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM)
     if USE_G and not STORE_DS:
         tl.store(dgk_base + o_s, -b_dgk, mask=m_s)
+    if SINK_SUM:
+        tl.store(dgk_base, tl.sum(b_dgk, 0))
     return b_dk, b_dv

@@ -285,16 +285,18 @@ def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr,
 
 @triton.jit
 def _dkv_heads(
-    q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, b_k, b_v, i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s, T, W,
-    NTOK, NTILE, Q0, qk_scale,
+    q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head, ds_slot0,
+    bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale,
     HQ: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
-    SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
+    SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, SINK_SUM: tl.constexpr,
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
     then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`). STORE_DS: head
     i_hq0 + i stores its dS tiles into band ds_slot0 + i of the descriptor `ds` (NTILE tiles a band, `from_ds.py`).
-    ACC_IN: start from the fp32 sums in dk_in, dv_in (the heads of earlier launches) instead of zeros."""
+    ACC_IN: start from the fp32 sums in dk_in, dv_in (the heads of earlier launches) instead of zeros. SINK_SUM:
+    head i_hq's share of the sink's gradient from this key tile into sink_part `[HQ, NTOK // T * cdiv(T, BT)]` at
+    (batch, key tile) (`inner.dkv_one_head`)."""
     qbos = bos
     if TAIL_Q:
         qbos = _tail_row0(bos, T, Q0)
@@ -317,11 +319,16 @@ def _dkv_heads(
         ds_tile0 = 0
         if STORE_DS:
             ds_tile0 = tl.cast(ds_slot0 + i_g, tl.int64) * NTILE
+        sink2 = 0.0
+        if SINK_SUM:
+            sink2 = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
+            NT = tl.cdiv(T, BT)
+            dgk_base = sink_part + i_hq.to(tl.int64) * (NTOK // T * NT) + bos // T * NT + s0 // BT
         b_dk, b_dv = dkv_one_head(
             b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
-            delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, HQ * K, HQ * V,
+            delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, HQ * K, HQ * V, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q,
-            STORE_DS=STORE_DS)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM)
     return b_dk, b_dv
 
 
@@ -340,32 +347,32 @@ def _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ: tl.constexpr, BP: tl.cons
 
 @triton.jit
 def _dkv_tile(
-    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale, i_h, i_hq0, i_head,
-    ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0,
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale, i_h,
+    i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0,
     HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
-    STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr,
+    STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, SINK_SUM: tl.constexpr,
 ):
     """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
     i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the key side of dgc
     and the dS tiles are plain stores, so a recomputed tile overwrites them). STORE_DS, ACC_IN: see `_dkv_heads`;
-    ACC_OUT: store the fp32 sums unscaled, for the next chunk of heads to continue."""
+    ACC_OUT: store the fp32 sums unscaled, for the next chunk of heads to continue. SINK_SUM: see `_dkv_heads`."""
     b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H=H, K=K, V=V, BK=BK, BV=BV)
     b_dk, b_dv = _dkv_heads(
-        q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, b_k, b_v, i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s,
-        T, W, NTOK, NTILE, Q0, scale * LOG2E,
+        q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head,
+        ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, scale * LOG2E,
         HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
-        SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN)
+        SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
         if CONTAIN == INLINE:
             if bad:
                 b_dk, b_dv = _dkv_heads(
-                    q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, b_k, b_v, i_hq0, i_head, ds_slot0, bos, s0,
-                    o_s, m_s, T, W, NTOK, NTILE, Q0, scale * LOG2E,
+                    q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0,
+                    i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, scale * LOG2E,
                     HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
-                    DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN)
+                    DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     if not ACC_OUT:
@@ -377,7 +384,7 @@ def _dkv_tile(
 _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
                    "TAIL_Q": _HEURISTICS["TAIL_Q"], "USE_SINK": lambda args: args["dsink"] is not None}
 # The dS-storing kernel: how it stores dS follows from CONTAIN (`ds_store_mode`), ACC_IN from its input sums.
-_DKV_DS_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"],
+_DKV_DS_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "USE_SINK": lambda args: args["sink_bias"] is not None,
                       "STORE_DS": lambda args: ds_store_mode(args["ds"], args["CONTAIN"]),
                       "ACC_IN": lambda args: args["dk_in"] is not None}
 
@@ -408,10 +415,11 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
             return
     i_hq, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, scale,
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale,
         i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
         NTILE=0, Q0=Q0, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
-        DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q, STORE_DS=False, ACC_IN=False, ACC_OUT=False)
+        DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q, STORE_DS=False, ACC_IN=False, ACC_OUT=False,
+        SINK_SUM=False)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
@@ -444,11 +452,11 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
                                             IS_VARLEN=IS_VARLEN)
     i_hq0 = i_part * (G // SPLIT)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, scale,
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale,
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
         W=W, NTOK=NTOK, NTILE=None, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q,
-        STORE_DS=0, ACC_IN=False, ACC_OUT=False)
+        STORE_DS=0, ACC_IN=False, ACC_OUT=False, SINK_SUM=False)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
@@ -457,18 +465,20 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
 @triton.heuristics(_DKV_DS_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
-    q, k, v, do, dk, dv, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale, T, W, NTOK, B, NTILE, G0,
+    q, k, v, do, dk, dv, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale, T, W, NTOK,
+    B, NTILE, G0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, SPLIT: tl.constexpr,
+    USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, SPLIT: tl.constexpr,
     STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, CHUNK: tl.constexpr, HEADS: tl.constexpr,
 ):
-    """The five-product backward's dK/dV (`from_ds.py`; dense, every query, no sink): the KV-head-owned kernel's
+    """The five-product backward's dK/dV (`from_ds.py`; dense, every query): the KV-head-owned kernel's
     loops over HEADS query heads of each program's share of a group, heads [G0, G0 + HEADS) of the share, of a
     chunk of CHUNK heads a share whose dS tiles share one buffer. Each program also stores its dS tiles (STORE_DS:
     through a tensor descriptor, whose scratch Triton allocates at launch, or, in FIXUP launches, by plain stores),
     starts from the earlier launches' fp32 sums (ACC_IN) and, but for the last launch, stores fp32 sums unscaled
-    (ACC_OUT). The gate's gradient comes from the stored tiles (`from_ds.py`), not from here."""
+    (ACC_OUT). The gate's gradient comes from the stored tiles (`from_ds.py`), not from here; with a sink, each head's
+    fp32 sums of p_sink_i * dS_ij over the tile go to sink_part (`from_ds.sink_grad_kernel` makes dsink from them)."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     if CONTAIN == FIXUP:
@@ -484,11 +494,11 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
         ds = tl.make_tensor_descriptor(ds, shape=[B * (H * SPLIT * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
                                        block_shape=[BT, BS])
     _dkv_tile(
-        q, k, v, do, dk, dv, None, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, scale,
+        q, k, v, do, dk, dv, None, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale,
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
         W=W, NTOK=NTOK, NTILE=NTILE, Q0=None, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=False,
-        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT)
+        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT, SINK_SUM=USE_SINK)
 
 
 # ----------------------------------------------------------------------------------------------------------------
