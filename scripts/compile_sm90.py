@@ -65,10 +65,10 @@ def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
 
 
 def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: int = 2, chunk: int = 2,
-                        gated: bool = False, **knobs):
+                        gated: bool = False, sink: bool = False, **knobs):
     """The Gluon dK/dV kernel (`gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper`) for sm_90 at H = 4, G = 8, with
-    the pointer types its launches pass (ACC_IN, ACC_OUT: fp32 sums read, written; `gated`: the gate's inputs) and
-    its constexpr `knobs`."""
+    the pointer types its launches pass (ACC_IN, ACC_OUT: fp32 sums read, written; `gated`: the gate's inputs;
+    `sink`: the sink and its partial sums) and its constexpr `knobs`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import fla_bwd.ops.attn.gluon_dkv as GD
@@ -87,6 +87,10 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
         sig.update(gc_desc=sig["lse_desc"], gc="*fp32")
     else:
         values.update(gc_desc=None, gc=None)
+    if sink:
+        sig.update(sink_bias="*fp32", sink_part="*fp32")
+    else:
+        values.update(sink_bias=None, sink_part=None)
     names = fn.arg_names
     signature = {n: sig.get(n, "constexpr") for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
@@ -222,14 +226,16 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
     if 64 < D and "dkv_window" in TILE_CONFIGS[(dtype != f32, D > 128)]:  # short windows (`config.dkv_tiles`)
         plain.append(("dkv_per_kv_head_window", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
                       dict(dkv, dk=t(), dv=t(), SPLIT=1, W=50, **no_ds), "dkv_window"))
-    if five:  # the five-product backward (dense, no sink): a middle chunk's dK/dV launch, unsplit, split, gated
+    if five:  # the five-product backward (dense): a middle chunk's dK/dV launch, unsplit, split, gated, sink
         store = dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), ds=t(),
-                     dk_in=t(f32), dv_in=t(f32), NTILE=1000, G0=2, CHUNK=2, HEADS=1, ACC_OUT=True)
+                     dk_in=t(f32), dv_in=t(f32), sink_bias=None, sink_part=None, NTILE=1000, G0=2, CHUNK=2, HEADS=1,
+                     ACC_OUT=True)
         ds_kernel = P.parallel_attn_bwd_kernel_dkv_ds_per_kv_head
         plain = [("dkv_store_ds", ds_kernel, dict(store, SPLIT=1), "dkv"),
                  ("dkv_store_ds_split4", ds_kernel, dict(store, SPLIT=4), "dkv"),
                  ("dkv_store_ds_gated", ds_kernel,
-                  dict(store, SPLIT=1, g_cumsum=t(f32)), "dkv")]
+                  dict(store, SPLIT=1, g_cumsum=t(f32)), "dkv"),
+                 ("dkv_store_ds_sink", ds_kernel, dict(store, SPLIT=1, sink_bias=t(f32), sink_part=t(f32)), "dkv")]
     modes = [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
              for name, kernel, launch, key in plain for mode in (0, 1, 2)]
     return modes + (_five_extra(D, dtype, t, base) if five else [])
@@ -256,6 +262,8 @@ def _five_extra(D: int, dtype, t, base: dict):
              dict(dgk_part=t(f32), dgc_q=t(f32), dg=t(f32), T=100, W=100, G0=2, HQ=32, H=4, G=8, SPLIT=1, CHUNK=2,
                   BT=cfg["BT"], BQ=cfg["BS"], BR=1024, BP=8, NUM_BANDS=8), "dkv"),
             ("delta", F.delta_kernel, delta, "dkv"),
+            ("sink_grad", F.sink_grad_kernel, dict(lse=t(f32), delta=t(f32), sink_bias=t(f32), sink_part=t(f32),
+                                                   dsink=t(f32), NTOK=100, NP=8, BN=1024, BP=8), "dkv"),
             # a gated five-product call's forward (the FLAG launch of long rows) stores o_lo; its delta reads it
             ("fwd_o_lo_gated[flag]", P.parallel_attn_fwd_kernel, fwd, "fwd"),
             ("delta_o_lo", F.delta_kernel, dict(delta, o_lo=t(torch.int8)), "dkv")]
@@ -313,14 +321,15 @@ def main():
     if args.hopper:
         over = []
         for acc_in, acc_out in ((False, False), (True, True), (True, False)):
-            for gated in (False, True):
-                c = compile_hopper_sm90(getattr(torch, args.dtype), acc_in, acc_out, gated=gated)
-                print(f"hopper dkv ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated} {args.dtype}: "
+            for gated, sink in ((False, False), (True, False), (False, True)):
+                c = compile_hopper_sm90(getattr(torch, args.dtype), acc_in, acc_out, gated=gated, sink=sink)
+                label = f"ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated}" + (" sink=True" if sink else "")
+                print(f"hopper dkv {label} {args.dtype}: "
                       f"{resource_report(c)}" + (f"  {code_hashes(c)}" if args.sass_hash else ""), flush=True)
                 if args.loops:
                     print("\n".join(loop_report(c)), flush=True)
                 if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
-                    over.append(f"ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated}: {c.metadata.shared} B")
+                    over.append(f"{label}: {c.metadata.shared} B")
         if args.check_smem and over:
             raise SystemExit("over the shared-memory limit: " + "; ".join(over))
         return

@@ -9,7 +9,7 @@ import torch
 from helpers import Case, check_against_oracle, make_inputs, params
 
 import fla_bwd.ops.attn.host as host
-from fla_bwd.ops.attn import Route, select_backward
+from fla_bwd.ops.attn import Route, parallel_attn, select_backward
 from fla_bwd.settings import dkv_path, dq_path
 
 bf16, f32 = torch.bfloat16, torch.float32
@@ -45,7 +45,7 @@ def _select(case: Case) -> Route:
 @pytest.mark.parametrize("forced", ["auto", "from-ds"])
 @pytest.mark.parametrize("case", params(CASES))
 def test_select_backward_is_the_route_the_backward_runs(case, forced, monkeypatch):
-    runnable = case.cu_seqlens is None and case.sink is None and case.dtype != f32
+    runnable = case.cu_seqlens is None and case.dtype != f32
     spy = RouteSpy(monkeypatch)
     with dq_path(forced):
         if forced == "from-ds" and not runnable:
@@ -95,3 +95,27 @@ def test_tail_route_is_seven_products():
     with dq_path("from-ds"):  # tail queries take seven products whatever the dq path (context parallelism's)
         route = dispatch.tail_route(s._replace(Q0=32), dispatch.knobs())
     assert route.products == 7 and route.reasons[0] == ("products", "seven: tail queries")
+
+
+@pytest.mark.parametrize("gate,sink,window", [(False, None, None), (True, 0.5, 20)], ids=["plain", "gate-sink-W20"])
+def test_packed_batch_of_one_length_runs_as_its_dense_batch(gate, sink, window):
+    """N packed sequences of one length L are laid out as the dense batch [N, L]: they run its kernels on the same
+    memory, so o and every gradient are bitwise the dense call's, and the route says so; mixed lengths and
+    zero-length sequences stay packed."""
+    N, L = 3, 32
+    case = Case(B=1, T=N * L, HQ=4, H=2, K=32, dtype=bf16, cu_seqlens=tuple(range(0, N * L + 1, L)), gate=gate,
+                sink=sink, window=window)
+    x = make_inputs(case)
+    packed = check_against_oracle(case, x)
+    as_dense = lambda t: t.view(N, L, *t.shape[2:]) if t is not None else None  # noqa: E731
+    o = parallel_attn(as_dense(x.q), as_dense(x.k), as_dense(x.v), g=as_dense(x.g), window_size=window,
+                      sink_bias=x.sink_bias)
+    wrt = x.grad_inputs()
+    dense = dict(o=o.view(packed["o"].shape), **dict(zip(wrt, torch.autograd.grad(o, list(wrt.values()),
+                                                                                    as_dense(x.do)))))
+    for name, value in packed.items():
+        assert value.shape == dense[name].shape and torch.equal(value, dense[name]), name
+    assert _select(case).reasons[0] == ("packed", f"{N} sequences of {L} tokens: run as the dense batch they are "
+                                                  "laid out as")
+    for cu in ((0, 32, 40, 96), (0, 0, 48, 96)):
+        assert _select(dataclasses.replace(case, cu_seqlens=cu)).reasons[0][0] == "products"

@@ -30,12 +30,15 @@ class Shape(NamedTuple):
 
 class Call(NamedTuple):
     """What the forward of a call decided, which its backward reuses: the plan key (a `Shape`, the packed tile
-    counts and the inputs' alignment), the packed offsets read at the forward (None when dense), and whether q, k
-    and v all start 16-byte aligned (the Hopper dK/dV kernel's TMA needs it, `dispatch.hopper_why_not`)."""
+    counts and the inputs' alignment), the packed offsets read at the forward (None when dense), whether q, k
+    and v all start 16-byte aligned (the Hopper dK/dV kernel's TMA needs it, `dispatch.hopper_why_not`), and
+    whether a packed batch runs as the dense batch it is laid out as (`make_call`; its outputs are then viewed
+    back to the inputs' shapes, `host.forward`, `host.backward`)."""
     key: tuple
     shape: Shape
     tiles: Optional[VarlenTiles]
     qkv_aligned: bool
+    packed_as_dense: bool = False
 
 
 def window(window_size: int, T: int) -> int:
@@ -46,11 +49,16 @@ def window(window_size: int, T: int) -> int:
 
 def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, containment: str) -> Call:
     """The `Call` of validated contiguous inputs under the containment setting `containment`; reads and checks
-    `cu_seqlens`' values (`varlen_tiles`)."""
+    `cu_seqlens`' values (`varlen_tiles`). A packed batch of N sequences of one length L > 0 is laid out exactly as
+    the dense batch [N, L] (q `[1, N * L, HQ, K]`, and likewise k, v, g, o): it runs as that dense call, on every
+    path the dense call has (`packed_as_dense`)."""
     B, T, HQ, K = q.shape
     tiles = varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None
+    as_dense = tiles is not None and B == 1 and len(set(tiles.lengths)) == 1 and tiles.lengths[0] > 0
+    if as_dense:
+        B, T, tiles = len(tiles.lengths), tiles.lengths[0], None
     shape = Shape(q.device, B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, g.dtype if g is not None else None,
                   sink_bias.dtype if sink_bias is not None else None, scale, window(window_size, T), containment)
     qkv = (aligned(q), aligned(k), aligned(v))
     key = (shape, tiles.key if tiles is not None else None, *qkv, aligned(g), aligned(sink_bias), aligned(cu_seqlens))
-    return Call(key, shape, tiles, all(qkv))
+    return Call(key, shape, tiles, all(qkv), as_dense)

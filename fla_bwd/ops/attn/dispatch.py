@@ -405,6 +405,8 @@ def route(call, k: Knobs, aligned: bool, exact_o: bool) -> Route:
     s = call.shape
     five, why = _five(s, call.tiles is None, aligned, exact_o, k)
     reasons = [("products", f"{'seven' if five is None else 'five'}: {why}")]
+    if call.packed_as_dense:
+        reasons.insert(0, ("packed", f"{s.B} sequences of {s.T} tokens: run as the dense batch they are laid out as"))
     if five is None:
         kernel = dkv_kernel_for(s.B, s.T, s.HQ, s.H, s.K, s.V, s.dtype, s.device, s.W,
                                 sequence_lengths(s.B, s.T, call.tiles), k.dkv_path)

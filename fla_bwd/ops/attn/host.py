@@ -405,7 +405,11 @@ def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, f
     call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
     plan = _forward_plan(call, for_backward and dispatch.needs_exact_o(call.shape))  # the others never need o_lo
     env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens), call.tiles)
-    return env["o"], env["lse"], env.get("gc"), env.get("o_lo"), call
+    o, o_lo = env["o"], env.get("o_lo")
+    if call.packed_as_dense:  # the dense batch's o in the packed call's shape (the same memory; lse, gc: [HQ, B * T])
+        o = o.view(*q.shape[:-1], v.shape[-1])
+        o_lo = o_lo.view(o.shape) if o_lo is not None else None
+    return o, env["lse"], env.get("gc"), o_lo, call
 
 
 def _build_backward(s: Shape, tiles: Optional[VarlenTiles], route: dispatch.Route) -> Plan:
@@ -451,7 +455,11 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
     plan = _backward_plan(call, aligned(do), o_lo is not None)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, o_lo=o_lo, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
                           cu_seqlens=cu_seqlens), call.tiles)
-    return env["dq"], env["dk"], env["dv"], env.get("dg"), env.get("dsink")
+    dq, dk, dv, dg = env["dq"], env["dk"], env["dv"], env.get("dg")
+    if call.packed_as_dense:
+        dq, dk, dv = dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+        dg = dg.view(g.shape) if dg is not None else None
+    return dq, dk, dv, dg, env.get("dsink")
 
 
 # ----------------------------------------------------------------------------------------------------------------
