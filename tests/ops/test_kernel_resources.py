@@ -129,27 +129,27 @@ def test_kernels_fit_hopper_shared_memory(dtype):
 
 def test_five_product_kernels_fit_hopper_shared_memory():
     """The five-product backward's kernels (scripts/compile_sm90.py --five: the dK/dV kernel with its dS store,
-    unsplit, at four programs a key tile and gated, in 3 CONTAIN modes each, dQ-from-dS plain and gated, the gate's
-    key-side sum and its one-launch form with dg's scan, delta, and the gated forward and delta with o_lo) at the
-    head dims it runs (16-bit, D <= 128)."""
+    unsplit, at four programs a key tile, gated and with a sink, in 3 CONTAIN modes each, dQ-from-dS plain and
+    gated, the gate's key-side sum and its one-launch form with dg's scan, delta, the sink's gradient, and the gated
+    forward and delta with o_lo) at the head dims it runs (16-bit, D <= 128)."""
     rc, lines = compile_sm90_recorded("five", ["--five", "--dims", "64,128", "--jobs", "2"])
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    # (3 dK/dV forms x 3 CONTAIN modes + 2 dQ-from-dS + key side + gate grad by band + delta + forward and delta
-    # with o_lo) x 2 dims
-    assert out.count("smem") == (3 * 3 + 2 + 1 + 1 + 1 + 2) * 2, out
+    # (4 dK/dV forms x 3 CONTAIN modes + 2 dQ-from-dS + key side + gate grad by band + delta + sink grad + forward
+    # and delta with o_lo) x 2 dims
+    assert out.count("smem") == (4 * 3 + 2 + 1 + 1 + 1 + 1 + 2) * 2, out
 
 
 def test_hopper_dkv_kernel_fits_hopper_shared_memory():
     """The five-product backward's Gluon dK/dV kernel (`gluon_dkv.py`; scripts/compile_sm90.py --hopper: its three
-    launch forms, fp32 sums read and/or written, each plain and gated) compiles for sm_90 with the Triton installed
-    here and fits."""
+    launch forms, fp32 sums read and/or written, each plain, gated and with a sink) compiles for sm_90 with the Triton
+    installed here and fits."""
     import fla_bwd.ops.attn.gluon_dkv  # noqa: F401 - for scripts/find_dependent_tests.py
 
     rc, lines = compile_sm90_recorded("hopper", ["--hopper"])
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    assert out.count("smem") == 3 * 2, out
+    assert out.count("smem") == 3 * 3, out
 
 
 # --- The subprocess: scripts/compile_sm90.py's main with a record of earlier compiles. ---------------------------
