@@ -192,7 +192,8 @@ def test_plan_step_passes_every_kernel_parameter(acc_in, gated):
     s = _shape(B=1, T=512, W=512, HQ=8, H=2, device=torch.device("cpu"))
     args = {name: Ref(name) for name in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv")}
     args.update(dk_in=Ref("dk_in") if acc_in else None, dv_in=Ref("dv_in") if acc_in else None,
-                nonfinite=Ref("flags"), acc_out=acc_in, gc=Ref("gc") if gated else None)
+                nonfinite=Ref("flags"), acc_out=acc_in, gc=Ref("gc") if gated else None,
+                sink_bias=None if gated else Ref("sink_bias"), sink_part=None if gated else Ref("sink_part"))
     step = gluon_dkv.HopperDkvLaunch(s, 2, 4, 0, 8, args)
     assert isinstance(step.launch, Launch)
     params = jit_function(gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper).arg_names
@@ -204,6 +205,8 @@ def test_plan_step_passes_every_kernel_parameter(acc_in, gated):
         assert [step.launch.args[n] for n in gate_args] == [Ref(gluon_dkv._DESC + "gc"), Ref("gc")]
     else:
         assert [step.launch.args[n] for n in gate_args] == [None] * 2
+    sink = [step.launch.args[n] for n in ("sink_bias", "sink_part")]  # the plain case passes a sink
+    assert sink == ([None] * 2 if gated else [Ref("sink_bias"), Ref("sink_part")])
 
 
 def test_plan_step_describes_the_inputs():

@@ -338,7 +338,7 @@ class HopperDkvLaunch:
                            for name, view, block, layout in table)
         self.launch = Launch(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
             **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, gc=args["gc"],
-            sink_bias=args["sink_bias"], sink_part=args["sink_part"], dk=args["dk"], dv=args["dv"],
+            sink_bias=args.get("sink_bias"), sink_part=args.get("sink_part"), dk=args["dk"], dv=args["dv"],
             dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
             nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
             qk_scale=s.scale * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale, ACC_IN=int(acc_in), H=s.H,
