@@ -54,9 +54,9 @@ def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int,
     path the dense call has (`packed_as_dense`)."""
     B, T, HQ, K = q.shape
     tiles = varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None
-    as_dense = tiles is not None and B == 1 and len(set(tiles.lengths)) == 1 and tiles.lengths[0] > 0
+    as_dense = tiles is not None and B == 1 and tiles.one_length > 0
     if as_dense:
-        B, T, tiles = len(tiles.lengths), tiles.lengths[0], None
+        B, T, tiles = len(tiles.lengths), tiles.one_length, None
     shape = Shape(q.device, B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, g.dtype if g is not None else None,
                   sink_bias.dtype if sink_bias is not None else None, scale, window(window_size, T), containment)
     qkv = (aligned(q), aligned(k), aligned(v))

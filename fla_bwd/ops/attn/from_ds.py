@@ -8,8 +8,7 @@ exact values its dK product reads: `parallel.parallel_attn_bwd_kernel_dkv_ds_per
 `gluon_dkv.py`), and a dQ kernel reads them back: dq_i = scale * sum_j dS_ij K_j, one product a tile, summed in a
 fixed order (deterministic, no atomics). The launches, in order (`host.add_five_product`):
 
-1. `delta_kernel`: delta = rowsum(o * dO) (fp32), which the dK/dV kernel needs before it runs (the sink enters the
-   kernels only through lse, which includes it);
+1. `delta_kernel`: delta = rowsum(o * dO) (fp32), which the dK/dV kernel needs before it runs;
 2. per chunk of query heads (`dispatch.ds_chunk`): the dS-storing dK/dV kernel over those heads of every group's
    share, one or two heads a launch, carrying fp32 dK/dV sums from launch to launch (bitwise the sums of one
    launch: the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the chunk's dq
@@ -34,7 +33,7 @@ import triton
 import triton.language as tl
 
 from fla_bwd.ops.attn.config import tile_config
-from fla_bwd.ops.attn.inner import ds_tile_index, finite_rows, load_rows, o_lo_decode
+from fla_bwd.ops.attn.inner import LOG2E, ds_tile_index, finite_rows, load_rows, o_lo_decode
 from fla_bwd.utils import cdiv
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -98,7 +97,7 @@ def sink_grad_kernel(lse, delta, sink_bias, sink_part, dsink, NTOK, NP, BN: tl.c
     per (key tile, head) into sink_part `[HQ, NP]`, before dS was rounded. Both sums in a fixed order
     (deterministic)."""
     i_hq = tl.program_id(0)
-    b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * 1.4426950408889634  # log2(e): lse is base 2
+    b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E  # lse is base 2
     p_row = i_hq.to(tl.int64) * NTOK
     # [BN]
     b_acc = tl.zeros([BN], dtype=tl.float32)

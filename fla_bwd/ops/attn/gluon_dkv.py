@@ -64,6 +64,7 @@ BT_C = gl.constexpr(BT)
 BH_C = gl.constexpr(BH)
 BQ_C = gl.constexpr(BQ)
 D_C = gl.constexpr(D)
+LOG2E_C = gl.constexpr(LOG2E)  # lse is base 2
 STAGES = 3  # q/dO stages: 3 beat 2 by 1-3% at one K/V buffer; 198 KB of shared memory
 STAGES_C = gl.constexpr(STAGES)  # partitions get their arguments as values: the ring's size stays a constant here
 MAX_IMBALANCE = 1.05  # `dispatch.hopper_split`: the longest program's work over the mean
@@ -152,12 +153,12 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
         for c in range(CHUNK):
             band = ((i_b * H + i_h) * SPLIT + i_p) * CHUNK + c  # `host.add_five_product`'s band order
             row = band * NTILE * BQ_C
+            i_hq = i_h * G + i_p * (G // SPLIT) + G0 + c
             if USE_G:
-                g_row = (i_h * G + i_p * (G // SPLIT) + G0 + c).to(gl.int64) * (B * T) + i_b * T + key0
+                g_row = i_hq.to(gl.int64) * (B * T) + i_b * T + key0
                 b_gk = gl.load(gc + g_row + o_key)
             if USE_SINK:  # this head's sum of p_sink * dS over the item's pairs (`from_ds.sink_grad_kernel`)
-                i_hq = i_h * G + i_p * (G // SPLIT) + G0 + c
-                b_sink = gl.load(sink_bias + i_hq).to(gl.float32) * 1.4426950408889634  # log2(e): lse is base 2
+                b_sink = gl.load(sink_bias + i_hq).to(gl.float32) * LOG2E_C
                 acc_sk = gl.zeros([BH_C], gl.float32, gl.SliceLayout(1, MMA_S))
             for qi in range(2 * m, T // BQ_C):
                 s = i % STAGES_C

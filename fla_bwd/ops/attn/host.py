@@ -313,8 +313,8 @@ def add_five_product(plan: Plan, s, route) -> None:
         plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if route.delta == "o+o_lo" else None,
                     do=Ref("do"), delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
     # With a sink: each head's fp32 sums of p_sink * dS, a (batch, key tile) each (`_dkv_heads`).
-    sink = s.sink_dtype is not None
-    sink_part = plan.empty("sink_part", (s.HQ, s.B * cdiv(s.T, BT)), torch.float32) if sink else None  # [HQ, NP]
+    sink_tiles = s.B * cdiv(s.T, BT)
+    sink_part = plan.empty("sink_part", (s.HQ, sink_tiles), torch.float32) if s.sink_dtype is not None else None
     ntile = ds_layout(s.T, s.W, BQ, BT)
     NP = s.H * split  # programs a key tile
     bands = s.B * NP * chunk
@@ -362,7 +362,7 @@ def add_five_product(plan: Plan, s, route) -> None:
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
     if sink_part is not None:
-        add_sink_grad(plan, s, delta, sink_part, s.B * cdiv(s.T, BT))
+        add_sink_grad(plan, s, delta, sink_part, sink_tiles)
     if gated and not by_band:
         add_gate_grad(plan, dgc_q, dgc_k, None, s.B, s.B, s.T, s.HQ, s.g_dtype)
 

@@ -28,6 +28,8 @@ class VarlenTiles:
     def __init__(self, offsets: Tuple[int, ...], device: torch.device):
         self.offsets = offsets
         self.lengths = tuple(b - a for a, b in zip(offsets, offsets[1:]))
+        # L > 0 where every sequence has length L, else 0: such a batch is the dense [N, L] (`call.make_call`).
+        self.one_length = self.lengths[0] if self.lengths and len(set(self.lengths)) == 1 else 0
         self.device = device
         self._chunks: Dict[int, torch.Tensor] = {}
         # What a launch plan depends on (`host.call_of`): the sequence count and the tile count at every tile size
