@@ -34,7 +34,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import fla_bwd.ops.attn.parallel as P
-from fla_bwd.ops.attn.config import DQ_FROM_DS_LAUNCH, TILE_CONFIGS, tile_config
+from fla_bwd.ops.attn.config import (
+    DK_FROM_DS_ABOVE_D,
+    DK_FROM_DS_LAUNCH,
+    DQ_FROM_DS_LAUNCH,
+    DQ_FROM_DS_LAUNCH_WIDE,
+    TILE_CONFIGS,
+    tile_config,
+)
 from fla_bwd.ops.attn.inner import FLAG
 
 HOPPER_SMEM_PER_BLOCK = 232448  # 227 KB: cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200
@@ -229,13 +236,17 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
     if five:  # the five-product backward (dense): a middle chunk's dK/dV launch, unsplit, split, gated, sink
         store = dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), ds=t(),
                      dk_in=t(f32), dv_in=t(f32), sink_bias=None, sink_part=None, NTILE=1000, G0=2, CHUNK=2, HEADS=1,
-                     ACC_OUT=True)
+                     ACC_OUT=True, DK_FROM_DS=False)
         ds_kernel = P.parallel_attn_bwd_kernel_dkv_ds_per_kv_head
         plain = [("dkv_store_ds", ds_kernel, dict(store, SPLIT=1), "dkv"),
                  ("dkv_store_ds_split4", ds_kernel, dict(store, SPLIT=4), "dkv"),
                  ("dkv_store_ds_gated", ds_kernel,
                   dict(store, SPLIT=1, g_cumsum=t(f32)), "dkv"),
                  ("dkv_store_ds_sink", ds_kernel, dict(store, SPLIT=1, sink_bias=t(f32), sink_part=t(f32)), "dkv")]
+        if D > DK_FROM_DS_ABOVE_D:  # dV and dS alone (`FiveProduct.dk_from_ds`)
+            dv_only = dict(store, SPLIT=1, dk=None, dk_in=None, DK_FROM_DS=True)
+            plain += [("dv_store_ds", ds_kernel, dv_only, "dkv"),
+                      ("dv_store_ds_sink", ds_kernel, dict(dv_only, sink_bias=t(f32), sink_part=t(f32)), "dkv")]
     modes = [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
              for name, kernel, launch, key in plain for mode in (0, 1, 2)]
     return modes + (_five_extra(D, dtype, t, base) if five else [])
@@ -252,7 +263,10 @@ def _five_extra(D: int, dtype, t, base: dict):
     f32 = torch.float32
     fwd = dict(base, o=t(), o_lo=t(torch.int8), g_cumsum=t(f32), sink_bias=None, CONTAIN=FLAG.value)
     delta = dict(o=t(), o_lo=None, do=t(), delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
-    return [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None), "dkv"),
+    dk = dict(q=t(), ds=t(), dk=t(f32), dk_in=t(f32), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8,
+              SPLIT=1, CHUNK=2, K=D, BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_PARTS=8, ACC_OUT=True)
+    wide = [("dk_from_ds", F.parallel_attn_bwd_kernel_dk_from_ds, dk, "dkv")] if D > DK_FROM_DS_ABOVE_D else []
+    return wide + [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None), "dkv"),
             ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(f32), dgk_part=t(f32)),
              "dkv"),
             ("key_side", F.key_side_kernel, dict(dgk_part=t(f32), dgc_k=t(f32), T=100, W=100, G0=2, H=4, G=8,
@@ -281,7 +295,9 @@ def compile_one(task: tuple) -> tuple:
     name, kernel, launch, key = kernels(D, dtype, *_FLAGS[variant])[index]
     cfg = dict(tile_config(key, D, dtype), **parse_override(overrides.get(key, "")))
     if name.startswith("dq_from_ds"):  # the dK/dV kernel's tiles, its own warps and stages
-        cfg.update(DQ_FROM_DS_LAUNCH)
+        cfg.update(DQ_FROM_DS_LAUNCH_WIDE if D > DK_FROM_DS_ABOVE_D else DQ_FROM_DS_LAUNCH)
+    if name.startswith("dk_from_ds"):
+        cfg.update(DK_FROM_DS_LAUNCH)
     nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
     c = compile_sm90(kernel, dict(launch, **cfg), nw, ns)
     lines = [f"D={D:3d} {name:26s} {cfg} warps={nw} stages={ns}: {resource_report(c)}"]

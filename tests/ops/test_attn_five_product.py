@@ -48,6 +48,12 @@ CPU_CASES = [
     Case(B=1, T=70, HQ=2, H=2, K=32, dtype=bf16, sink=-1.0, sink_dtype=bf16, gate=True),
     Case(B=1, T=40, HQ=2, H=1, K=32, dtype=bf16, sink=-2.0, window=1, scale=0.5),  # one key a row: o_lo's delta
     Case(B=1, T=9, HQ=2, H=2, K=64, dtype=bf16, sink=0.0, scale=0.5),
+    # Head dims above 128: dV and dS in the dK/dV kernel, dK from the stored tiles (`FiveProduct.dk_from_ds`).
+    Case(B=1, T=63, HQ=4, H=2, K=160, dtype=bf16),
+    Case(B=1, T=50, HQ=2, H=1, K=256, V=192, dtype=f16, window=20),
+    Case(B=2, T=40, HQ=2, H=2, K=144, dtype=bf16, gate=True),
+    Case(B=1, T=45, HQ=4, H=1, K=136, dtype=bf16, sink=1.0),
+    Case(B=1, T=33, HQ=2, H=1, K=64, V=256, dtype=bf16, sink=float("nan"), window=1),
 ]
 GPU_CASES = [
     Case(B=2, T=1000, HQ=16, H=2, K=128, dtype=bf16),
@@ -60,6 +66,10 @@ GPU_CASES = [
     Case(B=2, T=1024, HQ=16, H=4, K=128, dtype=bf16, sink=float("nan")),
     Case(B=1, T=2048, HQ=8, H=2, K=128, dtype=f16, sink=2.0, sink_dtype=bf16),
     Case(B=1, T=1000, HQ=8, H=2, K=64, dtype=bf16, sink=0.0, gate=True, window=200),
+    Case(B=2, T=1024, HQ=16, H=4, K=256, dtype=bf16),
+    Case(B=1, T=777, HQ=8, H=2, K=192, V=256, dtype=f16, sink=1.0),
+    Case(B=1, T=1000, HQ=4, H=1, K=256, dtype=bf16, gate=True, window=300),
+    Case(B=1, T=2048, HQ=8, H=8, K=256, dtype=bf16, sink=float("nan")),
 ]
 CASES = GPU_CASES if DEVICE == "cuda" else CPU_CASES
 _SPLIT_PATHS = {1: "gqa", 2: "gqa-split2", 4: "gqa-split4"}  # the dK/dV path that forces each split
@@ -175,6 +185,35 @@ def test_chunks_are_bitwise_one_launch(split, chunk, heads, monkeypatch):
         assert torch.equal(again[name], chunked[name]), name
     for name in ("dk", "dv"):
         assert torch.equal(chunked[name], seven[name]), name
+
+
+_WIDE_CHUNKED = Case(B=2, T=70, HQ=8, H=2, K=160, V=144, dtype=bf16, window=40) if DEVICE != "cuda" else \
+    Case(B=2, T=900, HQ=16, H=2, K=256, dtype=bf16)
+
+
+@pytest.mark.parametrize("split,chunk", [(1, 4), (1, 1), (2, 1), (4, 1)] if DEVICE != "cuda" else
+                         [(1, 8), (1, 2), (2, 4), (4, 1)])
+def test_wide_chunks_are_bitwise_one_launch(split, chunk, monkeypatch):
+    """Head dims above 128 (dK from dS, `from_ds.parallel_attn_bwd_kernel_dk_from_ds`, which carries its fp32 sums
+    from chunk to chunk in place): the same dq, dk, dv bitwise in chunks as in one chunk, and again (determinism);
+    dv bitwise the seven-product backward's at the same split (dK's sum runs in another order there)."""
+    case = _WIDE_CHUNKED
+    x = make_inputs(case)
+    monkeypatch.setattr(host, "_PLANS", {})
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"), dkv_path(_SPLIT_PATHS[split]):
+        whole = run_parallel(case, x)
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * split * chunk * _band_bytes(case) / 2**20))
+        chunked = run_parallel(case, x)
+        again = run_parallel(case, x)
+    with dq_path("recompute"), dkv_path(_SPLIT_PATHS[split]):
+        seven = run_parallel(case, x)
+    assert spy.chunks == [case.HQ // case.H // split, chunk, chunk, None], spy.chunks
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(chunked[name], whole[name]), name
+        assert torch.equal(again[name], chunked[name]), name
+    assert torch.equal(chunked["dv"], seven["dv"])
+    assert error_ratio(seven["dk"].float(), chunked["dk"].float()) < 5e-3
 
 
 _GATED_CHUNKED = Case(B=2, T=70, HQ=8, H=2, K=64, dtype=bf16, gate=True) if DEVICE != "cuda" else \
@@ -379,8 +418,17 @@ def _shape(**kw):
     (dict(sink_dtype=f32), (1, 1)),  # a sink: as its no-sink twin (its forward stores o_lo)
     (dict(dtype=f32), None),
     (dict(T=8192, W=8192, B=1), None),  # dS tiles over the default budget: seven products, no error
+    # Head dims above 128: dV and dS in one kernel, dK from dS (`FiveProduct.dk_from_ds`), on any GPU
+    (dict(K=256, V=256, H=8), (1, 4, False, True)),
+    (dict(K=256, V=256), (1, 1, False, True)),
+    (dict(K=192, V=256, H=8, sink_dtype=f32), (1, 4, False, True)),
+    (dict(K=256, V=256, B=1, T=8192, W=8192, H=4), (1, 2, False, True)),
+    (dict(K=256, V=256, H=8, W=512), None),
+    (dict(K=256, V=256, H=8, g_dtype=f32), None),
+    (dict(K=256, V=256, H=8, T=1024, W=1024), None),
 ], ids=["mha", "fp16", "T4096", "T1024", "g2", "g4", "g8-T8192", "g8-imbalanced", "g8-T4096", "g16", "D64", "window",
-        "gate", "sink", "fp32", "over-budget"])
+        "gate", "sink", "fp32", "over-budget", "D256-g4", "D256-mha", "K192-V256-sink", "D256-g8-T8192",
+        "D256-window", "D256-gate", "D256-T1024"])
 def test_auto_dispatch(kw, expected, monkeypatch):
     """The Triton kernel's rule (the Hopper kernel's: tests/ops/test_attn_gluon_dkv.py), for an eager call whose
     forward stored o_lo where it needs it; without o_lo a gate or a sink takes seven products."""
@@ -390,6 +438,9 @@ def test_auto_dispatch(kw, expected, monkeypatch):
     monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)  # the H200's (on the CPU too)
     five = dispatch.five_product(_shape(**kw), True, True, exact_o=True)
     assert five == (None if expected is None else dispatch.FiveProduct(*expected)), five
+    if max(_shape(**kw).K, _shape(**kw).V) > 128:  # not a bandwidth trade there: also on the H100's 3.35 TB/s
+        monkeypatch.setattr(config, "hbm_tbps", lambda device: 3.35)
+        assert dispatch.five_product(_shape(**kw), True, True, exact_o=True) == five
     if dispatch.needs_exact_o(_shape(**kw)):
         assert dispatch.five_product(_shape(**kw), True, True, exact_o=False) is None
     assert dispatch.five_product(_shape(**kw), False, True) is None  # packed: seven products
@@ -488,7 +539,7 @@ def test_auto_dispatch_of_gated_calls(monkeypatch):
             assert dispatch.five_product(gated, True, True, exact_o=True) is None
             assert not _needs_o_lo(gated)
             with dq_path("from-ds"):
-                assert dispatch.five_product(gated, True, True, exact_o=True) == (1, 1, False)
+                assert dispatch.five_product(gated, True, True, exact_o=True) == dispatch.FiveProduct(1, 1, False)
                 assert _needs_o_lo(gated)
         short = _shape(g_dtype=f32, T=1024, W=1024)
         assert dispatch.five_product(short, True, True, exact_o=True) is None

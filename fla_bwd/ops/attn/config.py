@@ -49,6 +49,14 @@ TILE_CONFIGS = {
 # The dQ-from-dS kernel (`from_ds.py`; its tiles are the dK/dV kernel's, two query blocks a program): a memory-bound
 # loop, 3 stages deep; 4 warps: 622 against 819 us at 8 on g8-T8192.
 DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
+# Above head dim 128: 8 warps, where 4 spill its two [BQ, D] fp32 sums (D = 256: 248 B of stack at 4, none at 8).
+DQ_FROM_DS_LAUNCH_WIDE = dict(num_warps=8, num_stages=3)
+# Head dims above this take dK from the stored dS tiles in five products (`dispatch.FiveProduct.dk_from_ds`): the
+# dK/dV kernel's two [BT, D] fp32 sums take 128 registers a thread at D = 256 and spill (perf-log #78's table).
+DK_FROM_DS_ABOVE_D = 128
+# The dK-from-dS kernel (head dims above 128, `dispatch.five_route`): a [BT, D] fp32 sum a program, 8 warps to hold
+# it at D = 256 without spills (4 warps: 528 B of stack); 3 stages as dQ from dS, the same kind of loop.
+DK_FROM_DS_LAUNCH = dict(num_warps=8, num_stages=3)
 # Where "auto" takes the five-product backward (`dispatch.route`): dense full-causal calls at head dims
 # 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`, with a split if needed). They won
 # there on the H200; D = 64 and windows lost. Shorter: `FIVE_PRODUCT_MIN_T_HOPPER`.

@@ -148,16 +148,19 @@ class FiveProduct(NamedTuple):
     """How a five-product backward runs: each group's query heads dealt to `split` programs a key tile (shares of
     G / split heads, as `config.gqa_split` deals them for the seven-product kernel), `chunk` heads of every
     share whose dS tiles are stored at once (the budget's unit, `ds_chunk`), and whether the Hopper kernel
-    (`gluon_dkv`, one launch a chunk) or the Triton kernel (one or two heads a launch) computes dK/dV and dS."""
+    (`gluon_dkv`, one launch a chunk) or the Triton kernel (one or two heads a launch) computes dK/dV and dS;
+    `dk_from_ds`: the Triton kernel computes dV and dS alone and dK comes from the stored tiles too (head dims above
+    `config.DK_FROM_DS_ABOVE_D`)."""
     split: int
     chunk: int
     hopper: bool = False
+    dk_from_ds: bool = False
 
 
 def eligible(s) -> bool:
     """Whether the five-product backward can run a call of Shape s (dense is the caller's to check; a gated call
-    also needs the forward's o_lo, `needs_exact_o`)."""
-    return s.dtype in (torch.float16, torch.bfloat16) and max(s.K, s.V) <= 128 and s.Q0 == 0
+    also needs the forward's o_lo, `needs_exact_o`): 16-bit, head dims up to 256, every query."""
+    return s.dtype in (torch.float16, torch.bfloat16) and max(s.K, s.V) <= 256 and s.Q0 == 0
 
 
 def needs_exact_o(s) -> bool:
@@ -249,8 +252,8 @@ def _auto_five(s, aligned: bool, k: Knobs) -> tuple:
     `config.TRITON_FIVE_MIN_TBPS`, shorter ungated calls (`config.FIVE_PRODUCT_MIN_T_HOPPER`) on the Hopper kernel
     only, and the first of `_busy_splits` whose dS tiles fit the budget."""
     D = max(s.K, s.V)
-    if not 64 < D <= 128:
-        return None, f"head dim {D}: five products measured faster at head dims 65-128 only"
+    if D <= 64:
+        return None, f"head dim {D}: five products lost to seven at head dim 64"
     if s.W < s.T:
         return None, "a window: five products lost to seven on windows"
     shortest = min(config.FIVE_PRODUCT_MIN_T, config.FIVE_PRODUCT_MIN_T_HOPPER)
@@ -271,12 +274,17 @@ def _auto_five(s, aligned: bool, k: Knobs) -> tuple:
         if chunk is None:
             return None, "one query head of every share does not fit the dS budget (FLA_BWD_DS_BUDGET_MIB)"
         return FiveProduct(split, chunk, True), "measured faster: long full-causal call on the Hopper kernel"
-    if config.hbm_tbps(s.device) < config.TRITON_FIVE_MIN_TBPS:
+    wide = D > config.DK_FROM_DS_ABOVE_D
+    if not wide and config.hbm_tbps(s.device) < config.TRITON_FIVE_MIN_TBPS:
         return None, (f"memory bandwidth {config.hbm_tbps(s.device):.2f} TB/s < {config.TRITON_FIVE_MIN_TBPS}: the "
                       f"Triton kernel's dS round trip costs more than it saves")
     for split in _busy_splits(s):
         chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, k.ds_budget, split, s.g_dtype is not None)
         if chunk is not None:
+            if wide:
+                return FiveProduct(split, chunk, False, True), (
+                    f"head dim {D}: dV and dS in one kernel, dK and dQ from the stored tiles (seven products' two "
+                    f"fp32 sums a tile spill)")
             return FiveProduct(split, chunk), "measured faster: long full-causal call whose launches fill the GPU"
     return None, "no split keeps the GPU busy within the dS budget"
 
@@ -294,7 +302,7 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
         if not dense:
             return None, "packed sequences: five products run dense calls only"
         if not runnable:
-            return None, "fp32, a head dim above 128 or tail queries: five products do not run them"
+            return None, "fp32, a head dim above 256 or tail queries: five products do not run them"
         if k.dkv_path != "auto":
             return None, f"a dK/dV kernel is forced (FLA_BWD_DKV_PATH={k.dkv_path})"
         if inexact:
@@ -312,7 +320,7 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
         split = kernel.split
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
-                         "16-bit q, k, v and head dims up to 128")
+                         "16-bit q, k, v and head dims up to 256")
     hopper = _hopper(s, aligned, k)
     if hopper and k.dkv_path == "auto":
         split = hopper_split(s.B, s.T, s.H, G, config.sm_count(s.device))
@@ -326,7 +334,7 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
                          f"{config.SINK_EXACT_O_BELOW_KEYS} keys, needs o's rounding residual from the forward, which "
                          "it makes only in eager calls (not under torch.compile) where FLA_BWD_DQ_PATH was already "
                          "'from-ds' at the forward")
-    return FiveProduct(split, chunk, hopper), "forced (FLA_BWD_DQ_PATH=from-ds)"
+    return FiveProduct(split, chunk, hopper, D > config.DK_FROM_DS_ABOVE_D), "forced (FLA_BWD_DQ_PATH=from-ds)"
 
 
 def five_product(s, dense: bool, aligned: bool, exact_o: bool = False, k: Optional[Knobs] = None):
@@ -424,7 +432,8 @@ def five_route(s, five: FiveProduct, k: Knobs, reasons: Optional[list] = None) -
     containment, cwhy = _containment(s, k.containment)
     reasons += [
         ("dK/dV + dS kernel", ("hopper: the warp-specialized Gluon kernel runs this call" if five.hopper else
-                               "triton: the KV-head-owned kernel with the dS store")
+                               "triton: the KV-head-owned kernel with the dS store, dV alone (dK from dS)"
+                               if five.dk_from_ds else "triton: the KV-head-owned kernel with the dS store")
          + f"; each group's heads dealt to {five.split} program(s) a key tile"),
         ("dS chunk", f"{five.chunk} query head(s) of each share at once, within the {k.ds_budget / 2**20:g} MiB "
                      f"budget"),

@@ -13,7 +13,9 @@ fixed order (deterministic, no atomics). The launches, in order (`host.add_five_
    share, one or two heads a launch, carrying fp32 dK/dV sums from launch to launch (bitwise the sums of one
    launch: the same additions in the same order), then `parallel_attn_bwd_kernel_dq_from_ds` for the chunk's dq
    rows (gated: and `key_side_kernel`, which adds up the dQ kernel's partial key sums, or
-   `gate_grad_of_band_kernel`, which adds them up and scans dg in one launch);
+   `gate_grad_of_band_kernel`, which adds them up and scans dg in one launch); above head dim 128 the dK/dV kernel
+   computes dV and dS alone and `parallel_attn_bwd_kernel_dk_from_ds` then sums the chunk's dk from the same tiles
+   (dK's and dV's fp32 sums together spill there), carrying its fp32 sums from chunk to chunk;
 3. with a split, the shares' fp32 partials summed in order (`add_group_sum`, as the seven-product split paths);
    with a sink, `sink_grad_kernel` makes dsink from delta, lse and the dK/dV kernels' fp32 sums.
 
@@ -299,6 +301,76 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     o_t += BQ
     tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqb * scale).to(dq.dtype.element_ty),
              mask=(o_t < T)[:, None] & (o_k < K)[None, :])
+
+
+@triton.jit
+def _dk_ds_block(b_dk, ds_base, q_base, i_tile, qi, T, stride_q, K: tl.constexpr, BT: tl.constexpr,
+                 BQ: tl.constexpr, BK: tl.constexpr, EDGE: tl.constexpr):
+    """b_dk [BT, BK] += dS^T Q over query block qi: its stored [BT keys, BQ queries] tile i_tile and its q rows.
+    EDGE: a block that sees the key tile in part (diagonal, window edge) or ends past T: its q rows are loaded with
+    their row mask and their non-finite elements zeroed (`inner.finite_rows`), since there the stored dS is 0 for the
+    pairs a row cannot see and 0 * Inf = NaN would reach keys that do not depend on that row; the keys that see a bad
+    row hold NaN in dS already."""
+    o_t = qi * BQ + tl.arange(0, BQ)
+    # [BQ, BK]
+    b_q = load_rows(q_base, o_t, T, stride_q, N=K, BN=BK, FULL=not EDGE)
+    if EDGE:
+        b_q, _ = finite_rows(b_q)
+    # [BT, BQ]
+    b_dst = tl.load(ds_base + i_tile * (BT * BQ) + tl.arange(0, BT)[:, None] * BQ + tl.arange(0, BQ)[None, :])
+    return tl.dot(b_dst, b_q, b_dk)
+
+
+@triton.heuristics({"ACC_IN": lambda args: args["dk_in"] is not None})
+@triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
+def parallel_attn_bwd_kernel_dk_from_ds(
+    q, ds, dk, dk_in, scale, T, W, NTILE, G0,
+    HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
+    BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_PARTS: tl.constexpr, ACC_IN: tl.constexpr,
+    ACC_OUT: tl.constexpr,
+):
+    """dk of one key tile (BT keys) of one share of a group (NUM_PARTS = B * H * SPLIT shares, the dK/dV kernel's
+    order) from the stored dS tiles of the chunk [G0, G0 + CHUNK) of the share's heads: dk_j = scale *
+    sum_i dS_ij q_i, the dK/dV kernel's dK product moved here where its fp32 sum and dV's together spill (head dims
+    above 128; `dispatch.five_route`). Heads in chunk order, then query blocks from the diagonal up: a fixed order
+    (deterministic). ACC_IN: start from the fp32 sums dk_in of the earlier chunks; ACC_OUT: store fp32 sums
+    unscaled, for the next chunk (dk may be dk_in: a program reads its own tile before it writes it)."""
+    tl.static_assert(BT % BQ == 0, "query blocks must tile the key tile")
+    i_part = tl.program_id(0) % NUM_PARTS
+    i_j = tl.program_id(0) // NUM_PARTS  # the first key tiles see the most query blocks: they start first
+    i_b, i_share = i_part // (H * SPLIT), i_part % (H * SPLIT)
+    bos = i_b.to(tl.int64) * T
+    s0 = i_j * BT
+    o_s = s0 + tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    p_dk = (bos * (H * SPLIT) + i_share) * K + o_s[:, None].to(tl.int64) * (H * SPLIT * K) + o_k[None, :]
+    m_dk = (o_s < T)[:, None] & (o_k < K)[None, :]
+    # [BT, BK]
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    if ACC_IN:
+        b_dk = tl.load(dk_in + p_dk, mask=m_dk, other=0)
+    # Query blocks [q_lo, full) see the tile in part (diagonal), [full, edge) whole, [edge, q_hi) in part (window
+    # edge; the last block of a T that BQ does not divide).
+    q_lo = s0 // BQ
+    q_hi = tl.minimum(tl.cdiv(T, BQ), tl.cdiv(s0 + BT + W - 1, BQ))
+    full = tl.minimum(q_lo + BT // BQ, q_hi)
+    edge = tl.maximum(full, tl.minimum((s0 + W) // BQ, T // BQ))
+    for i_c in range(CHUNK):
+        i_band = i_part * CHUNK + i_c
+        ds_base = ds + i_band.to(tl.int64) * NTILE * (BT * BQ)
+        q_base = q + (bos * HQ + i_share * (G // SPLIT) + G0 + i_c) * K
+        for qi in range(q_lo, full):
+            b_dk = _dk_ds_block(b_dk, ds_base, q_base, ds_tile_index(qi, i_j, W, BQ=BQ, BT=BT), qi, T, HQ * K, K=K,
+                                BT=BT, BQ=BQ, BK=BK, EDGE=True)
+        for qi in range(full, edge):
+            b_dk = _dk_ds_block(b_dk, ds_base, q_base, ds_tile_index(qi, i_j, W, BQ=BQ, BT=BT), qi, T, HQ * K, K=K,
+                                BT=BT, BQ=BQ, BK=BK, EDGE=False)
+        for qi in range(edge, q_hi):
+            b_dk = _dk_ds_block(b_dk, ds_base, q_base, ds_tile_index(qi, i_j, W, BQ=BQ, BT=BT), qi, T, HQ * K, K=K,
+                                BT=BT, BQ=BQ, BK=BK, EDGE=True)
+    if not ACC_OUT:
+        b_dk *= scale
+    tl.store(dk + p_dk, b_dk.to(dk.dtype.element_ty), mask=m_dk)
 
 
 @triton.jit

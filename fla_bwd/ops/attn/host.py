@@ -21,12 +21,20 @@ import torch
 
 from fla_bwd.ops.attn import dispatch
 from fla_bwd.ops.attn.call import Call, Shape, make_call, window
-from fla_bwd.ops.attn.config import DELTA_MODES, DQ_FROM_DS_LAUNCH, tile_config
+from fla_bwd.ops.attn.config import (
+    DELTA_MODES,
+    DK_FROM_DS_ABOVE_D,
+    DK_FROM_DS_LAUNCH,
+    DQ_FROM_DS_LAUNCH,
+    DQ_FROM_DS_LAUNCH_WIDE,
+    tile_config,
+)
 from fla_bwd.ops.attn.from_ds import (
     delta_kernel,
     ds_layout,
     gate_grad_of_band_kernel,
     key_side_kernel,
+    parallel_attn_bwd_kernel_dk_from_ds,
     parallel_attn_bwd_kernel_dq_from_ds,
     sink_grad_kernel,
 )
@@ -245,8 +253,11 @@ def _add_dkv_ds(plan: Plan, s, out: Optional[tuple], split: int, hopper: bool, *
     `out` its fp32 buffers `[B, T, H * split, *]`, or None for the last launch of an unsplit call ("dk", "dv" in the
     inputs' dtype). `hopper`: the Gluon kernel (`gluon_dkv`) computes the chunk as the FLAG launch of two-launch
     containment, and the Triton kernel's FIXUP launch recomputes the tiles it flagged."""
-    dk, dv = out if out is not None else (plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype),
-                                          plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype))
+    if five["DK_FROM_DS"]:  # dV alone: dK is `_add_dk_from_ds`'s
+        dk, dv = None, out[1] if out is not None else plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype)
+    else:
+        dk, dv = out if out is not None else (plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype),
+                                              plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype))
     _, NT, args = _common(plan, s, None, "dkv")
     if NT == 0:
         return
@@ -267,6 +278,18 @@ def _add_dkv_ds(plan: Plan, s, out: Optional[tuple], split: int, hopper: bool, *
         gc=args["g_cumsum"], sink_bias=sink, sink_part=five["sink_part"])))
     plan.launch(parallel_attn_bwd_kernel_dkv_ds_per_kv_head, (programs,), nonfinite=Ref("flags"),
                 CONTAIN=FIXUP.value, **args)
+
+
+def _add_dk_from_ds(plan: Plan, s, dk: Ref, dk_in: Optional[Ref], acc_out: bool, heads_of: dict) -> None:
+    """dk of one chunk's heads from its stored dS tiles (`parallel_attn_bwd_kernel_dk_from_ds`), a program a key tile
+    of each share: into `dk` (`[B, T, H * split, K]`), from the earlier chunks' fp32 sums `dk_in`; fp32 unscaled
+    with `acc_out`."""
+    BT, NUM_PARTS = heads_of["BT"], heads_of["NUM_BANDS"] // heads_of["CHUNK"]
+    plan.launch(parallel_attn_bwd_kernel_dk_from_ds, (cdiv(s.T, BT) * NUM_PARTS,), q=Ref("q"), ds=heads_of["ds"],
+                dk=dk, dk_in=dk_in, scale=s.scale, T=s.T, W=s.W, NTILE=heads_of["NTILE"], G0=heads_of["G0"],
+                HQ=s.HQ, H=s.H, G=heads_of["G"], SPLIT=heads_of["SPLIT"], CHUNK=heads_of["CHUNK"], K=s.K, BT=BT,
+                BQ=heads_of["BQ"], BK=max(16, next_power_of_2(s.K)), NUM_PARTS=NUM_PARTS, ACC_OUT=acc_out,
+                **DK_FROM_DS_LAUNCH)
 
 
 def add_gate_grad_by_band(plan: Plan, dgk_part: Ref, dgc_q: Ref, dg: Ref, s, heads_of: dict) -> None:
@@ -299,7 +322,7 @@ def add_five_product(plan: Plan, s, route) -> None:
     tiles, reused by every chunk), and two fp32 dK/dV sum buffers when there are several launches (ping-pong: a
     FIXUP launch re-reads the sums its FLAG launch started from)."""
     G = s.HQ // s.H
-    split, chunk, hopper = route.five
+    split, chunk, hopper, dk_from_ds = route.five
     cfg = tile_config("dkv", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
     NTOK = s.B * s.T
@@ -333,26 +356,36 @@ def add_five_product(plan: Plan, s, route) -> None:
             dgc_k = plan.empty("dgc_k", (s.HQ, NTOK), torch.float32)
     heads = route.heads_per_launch
     launches = G // split // heads
+    dq_launch = DQ_FROM_DS_LAUNCH_WIDE if s.K > DK_FROM_DS_ABOVE_D else DQ_FROM_DS_LAUNCH  # its sums are [BQ, K]
 
-    def fp32_pair(name):
-        return (plan.empty(f"dk_{name}", (s.B, s.T, NP, s.K), torch.float32),
+    def fp32_pair(name, with_dk):
+        return (plan.empty(f"dk_{name}", (s.B, s.T, NP, s.K), torch.float32) if with_dk else None,
                 plan.empty(f"dv_{name}", (s.B, s.T, NP, s.V), torch.float32))
 
-    # (dk, dv) fp32 sum pairs: launch n writes pair n % 2 and the next launch reads it.
-    sums = [fp32_pair(f"sum{i}") for i in range(min(launches - 1, 2))]
-    last_out = fp32_pair("part") if split > 1 else None  # scaled partials, or None: "dk", "dv" in the inputs' dtype
+    # (dk, dv) fp32 sum pairs (dv alone with dK from dS): launch n writes pair n % 2 and the next launch reads it.
+    sums = [fp32_pair(f"sum{i}", not dk_from_ds) for i in range(min(launches - 1, 2))]
+    # Scaled partials, or None: "dk", "dv" in the inputs' dtype.
+    last_out = fp32_pair("part", True) if split > 1 else None
+    # dK from dS: one fp32 sum over the chunks, read and rewritten in place by each program (no FIXUP re-reads it).
+    dk_sum = plan.empty("dk_sum", (s.B, s.T, NP, s.K), torch.float32) if dk_from_ds and chunk < G // split else None
     for n in range(launches):
         last = n == launches - 1
         dk_in, dv_in = sums[(n - 1) % 2] if n > 0 else (None, None)
         _add_dkv_ds(plan, s, last_out if last else sums[n % 2], split, hopper, ds=ds, NTILE=ntile, G0=n * heads,
-                    CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, sink_part=sink_part, ACC_OUT=not last)
+                    CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, sink_part=sink_part, ACC_OUT=not last,
+                    DK_FROM_DS=dk_from_ds)
         done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
         if done % chunk == 0 and s.T:  # a whole chunk: its dq rows (and the key side of its dgc)
             heads_of = dict(T=s.T, W=s.W, G0=done - chunk, H=s.H, G=G, SPLIT=split, CHUNK=chunk, BT=BT, BQ=BQ,
                             NUM_BANDS=bands)
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
                         dq=dq, dgc_q=dgc_q, dgk_part=dgk_part, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
-                        BK=max(16, next_power_of_2(s.K)), **heads_of, **DQ_FROM_DS_LAUNCH)
+                        BK=max(16, next_power_of_2(s.K)), **heads_of, **dq_launch)
+            if dk_from_ds:
+                dk = (last_out[0] if last_out is not None else plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype)
+                      ) if last else dk_sum
+                _add_dk_from_ds(plan, s, dk, dk_sum if done > chunk else None, not last,
+                                dict(heads_of, ds=ds, NTILE=ntile))
             if by_band:
                 add_gate_grad_by_band(plan, dgk_part, dgc_q, dg, s, heads_of)
             elif gated:

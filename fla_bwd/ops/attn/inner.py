@@ -414,7 +414,7 @@ def dkv_block(
     ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
-    STORE_DS: tl.constexpr, SINK_SUM: tl.constexpr,
+    STORE_DS: tl.constexpr, SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr,
 ):
     """dK/dV contribution of queries [i_t, i_t + BS) to the key tile o_s, in transposed ([keys, queries]) form.
     FULL: every query of the block exists (see `load_rows`). STORE_DS: also store the 16-bit dS^T tile that the dK
@@ -422,6 +422,9 @@ def dkv_block(
     through the tensor descriptor `ds` (DS_BY_DESCRIPTOR; its rows < 2**31, `from_ds.ds_chunk`) or into the buffer
     `ds` by plain stores (DS_BY_POINTER). SINK_SUM (with STORE_DS, whose b_dgk is otherwise unused): b_dgk += per
     key the fp32 sum of p_sink_i * dS_ij over the block's queries, p_sink_i = exp2(sink2 - lse_i) (`dkv_one_head`).
+    DK_FROM_DS (with STORE_DS): no dK product (`from_ds.parallel_attn_bwd_kernel_dk_from_ds` reads the stored tiles);
+    b_dk is then a [BT, BS] fp32 block that gathers dS^T * 0, which turns NaN where any stored dS is not finite:
+    the containment flag that dK's own NaN would otherwise raise (`any_nonfinite`).
 
     (b_lse, b_delta, b_gq) are this block's `query_rows`, loaded one iteration ahead; the block returns the next
     block's. Triton's pipeliner stages only the tile loads that feed dots, so these small vector loads would
@@ -468,7 +471,11 @@ def dkv_block(
         # issued before them, which would make this prefetch a round trip per block.
         b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS,
                                                          USE_G=USE_G)
-    b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
+    if DK_FROM_DS:
+        tl.static_assert(STORE_DS != 0, "dK from dS needs the dS tiles stored")
+        b_dk += b_dst * 0
+    else:
+        b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
     if SINK_SUM:
         tl.static_assert(STORE_DS != 0, "the sink's sums take b_dgk, which only the dS-storing kernel leaves free")
         b_dgk += tl.sum(b_dst * tl.exp2(sink2 - b_lse)[None, :], 1)
@@ -486,7 +493,7 @@ def dkv_one_head(
     T, W, Q0, qk_scale, stride_q, stride_do, sink2,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr,
-    SINK_SUM: tl.constexpr,
+    SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr,
 ):
     """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
     gradient dgc w.r.t. the gate's cumsum for the tile's tokens.
@@ -502,6 +509,7 @@ def dkv_one_head(
 
     SINK_SUM (the dS-storing kernel, with a sink whose logit times log2 e is sink2): store at dgk_base the fp32 sum
     over the tile's pairs of p_sink_i * dS_ij, this head's share of the sink's gradient (`from_ds.sink_grad_kernel`).
+    DK_FROM_DS: b_dk is the block of `dkv_block`'s DK_FROM_DS, not dK.
 
     TAIL_Q: only positions [Q0, T) are queries (Q0 a multiple of BS; `parallel._query_tile`): each range starts at
     Q0 at the earliest, so the ranges stay consecutive BS-blocks (from max(s0, Q0)) and no row before Q0 is read.
@@ -526,19 +534,19 @@ def dkv_one_head(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
             ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS)
     for i_t in range(t_full, hi, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
             ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=True, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS)
     for i_t in range(t_mask, end, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
             ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS)
     if USE_G and not STORE_DS:
         tl.store(dgk_base + o_s, -b_dgk, mask=m_s)
     if SINK_SUM:

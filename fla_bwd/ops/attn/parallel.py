@@ -272,6 +272,22 @@ def _load_kv_tile(k, v, bos, i_h, o_s, m_s, H: tl.constexpr, K: tl.constexpr, V:
 
 
 @triton.jit
+def _load_rows_of_head(x, bos, i_head, o_s, m_s, NH: tl.constexpr, N: tl.constexpr, BN: tl.constexpr):
+    """The [BT, BN] rows o_s of head i_head of `[B, T, NH, N]` x (zero past N and where m_s is False)."""
+    o_n = tl.arange(0, BN)
+    return tl.load(x + (bos * NH + i_head) * N + o_s[:, None].to(tl.int64) * (NH * N) + o_n[None, :],
+                   mask=m_s[:, None] & (o_n[None, :] < N), other=0)
+
+
+@triton.jit
+def _store_rows_of_head(x, b_x, bos, i_head, o_s, m_s, NH: tl.constexpr, N: tl.constexpr, BN: tl.constexpr):
+    """Store b_x [BT, BN] into rows o_s of head i_head of `[B, T, NH, N]` x, cast once to x's dtype."""
+    o_n = tl.arange(0, BN)
+    tl.store(x + (bos * NH + i_head) * N + o_s[:, None].to(tl.int64) * (NH * N) + o_n[None, :],
+             b_x.to(x.dtype.element_ty), mask=m_s[:, None] & (o_n[None, :] < N))
+
+
+@triton.jit
 def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Store a dK/dV tile into `[B, T, NH, K]` / `[B, T, NH, V]` buffers, casting once to the buffer's dtype."""
@@ -290,17 +306,24 @@ def _dkv_heads(
     HQ: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
     SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, SINK_SUM: tl.constexpr,
+    DK_FROM_DS: tl.constexpr,
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
     then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`). STORE_DS: head
     i_hq0 + i stores its dS tiles into band ds_slot0 + i of the descriptor `ds` (NTILE tiles a band, `from_ds.py`).
     ACC_IN: start from the fp32 sums in dk_in, dv_in (the heads of earlier launches) instead of zeros. SINK_SUM:
     head i_hq's share of the sink's gradient from this key tile into sink_part `[HQ, NTOK // T * cdiv(T, BT)]` at
-    (batch, key tile) (`inner.dkv_one_head`)."""
+    (batch, key tile) (`inner.dkv_one_head`). DK_FROM_DS: no dK (see `inner.dkv_block`); the first block returned is
+    [BT, BS], NaN where a stored dS tile is not finite."""
     qbos = bos
     if TAIL_Q:
         qbos = _tail_row0(bos, T, Q0)
-    if ACC_IN:
+    if DK_FROM_DS:
+        b_dk = tl.zeros([BT, BS], dtype=tl.float32)  # not dK: `inner.dkv_block`'s flag block
+        b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+        if ACC_IN:
+            b_dv = _load_rows_of_head(dv_in, bos, i_head, o_s, m_s, NH=NH, N=V, BN=BV)
+    elif ACC_IN:
         b_dk, b_dv = _load_kv_tile(dk_in, dv_in, bos, i_head, o_s, m_s, H=NH, K=K, V=V, BK=BK, BV=BV)
     else:
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
@@ -328,7 +351,7 @@ def _dkv_heads(
             b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
             delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, HQ * K, HQ * V, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS)
     return b_dk, b_dv
 
 
@@ -353,17 +376,20 @@ def _dkv_tile(
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
     STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, SINK_SUM: tl.constexpr,
+    DK_FROM_DS: tl.constexpr,
 ):
     """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
     i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the key side of dgc
     and the dS tiles are plain stores, so a recomputed tile overwrites them). STORE_DS, ACC_IN: see `_dkv_heads`;
-    ACC_OUT: store the fp32 sums unscaled, for the next chunk of heads to continue. SINK_SUM: see `_dkv_heads`."""
+    ACC_OUT: store the fp32 sums unscaled, for the next chunk of heads to continue. SINK_SUM: see `_dkv_heads`.
+    DK_FROM_DS: dV alone (dK is `from_ds.parallel_attn_bwd_kernel_dk_from_ds`'s); dk and dk_in are not read."""
     b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H=H, K=K, V=V, BK=BK, BV=BV)
     b_dk, b_dv = _dkv_heads(
         q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head,
         ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, scale * LOG2E,
         HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
-        SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM)
+        SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
+        DK_FROM_DS=DK_FROM_DS)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
         if CONTAIN == INLINE:
@@ -372,12 +398,16 @@ def _dkv_tile(
                     q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0,
                     i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, scale * LOG2E,
                     HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
-                    DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM)
+                    DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
+                    DK_FROM_DS=DK_FROM_DS)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
-    if not ACC_OUT:
-        b_dk *= scale
-    _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH=NH, K=K, V=V, BK=BK, BV=BV)
+    if DK_FROM_DS:
+        _store_rows_of_head(dv, b_dv, bos, i_head, o_s, m_s, NH=NH, N=V, BN=BV)
+    else:
+        if not ACC_OUT:
+            b_dk *= scale
+        _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH=NH, K=K, V=V, BK=BK, BV=BV)
 
 
 # The dK/dV kernels take the dQ kernel's dsink partials instead of the sink itself.
@@ -386,7 +416,7 @@ _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_V
 # The dS-storing kernel: how it stores dS follows from CONTAIN (`ds_store_mode`), ACC_IN from its input sums.
 _DKV_DS_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "USE_SINK": lambda args: args["sink_bias"] is not None,
                       "STORE_DS": lambda args: ds_store_mode(args["ds"], args["CONTAIN"]),
-                      "ACC_IN": lambda args: args["dk_in"] is not None}
+                      "ACC_IN": lambda args: args["dv_in"] is not None}
 
 
 def ds_store_mode(ds, contain: int) -> int:
@@ -419,7 +449,7 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
         i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
         NTILE=0, Q0=Q0, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
         DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q, STORE_DS=False, ACC_IN=False, ACC_OUT=False,
-        SINK_SUM=False)
+        SINK_SUM=False, DK_FROM_DS=False)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
@@ -456,7 +486,7 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
         W=W, NTOK=NTOK, NTILE=None, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q,
-        STORE_DS=0, ACC_IN=False, ACC_OUT=False, SINK_SUM=False)
+        STORE_DS=0, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
@@ -471,6 +501,7 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, SPLIT: tl.constexpr,
     STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, CHUNK: tl.constexpr, HEADS: tl.constexpr,
+    DK_FROM_DS: tl.constexpr,
 ):
     """The five-product backward's dK/dV (`from_ds.py`; dense, every query): the KV-head-owned kernel's
     loops over HEADS query heads of each program's share of a group, heads [G0, G0 + HEADS) of the share, of a
@@ -478,7 +509,9 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
     through a tensor descriptor, whose scratch Triton allocates at launch, or, in FIXUP launches, by plain stores),
     starts from the earlier launches' fp32 sums (ACC_IN) and, but for the last launch, stores fp32 sums unscaled
     (ACC_OUT). The gate's gradient comes from the stored tiles (`from_ds.py`), not from here; with a sink, each head's
-    fp32 sums of p_sink_i * dS_ij over the tile go to sink_part (`from_ds.sink_grad_kernel` makes dsink from them)."""
+    fp32 sums of p_sink_i * dS_ij over the tile go to sink_part (`from_ds.sink_grad_kernel` makes dsink from them).
+    DK_FROM_DS: dV alone, dK from the stored tiles afterwards (`from_ds.parallel_attn_bwd_kernel_dk_from_ds`): head dims
+    above 128, where dK's and dV's [BT, D] fp32 sums together spill."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     if CONTAIN == FIXUP:
@@ -498,7 +531,7 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
         W=W, NTOK=NTOK, NTILE=NTILE, Q0=None, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=False,
-        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT, SINK_SUM=USE_SINK)
+        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT, SINK_SUM=USE_SINK, DK_FROM_DS=DK_FROM_DS)
 
 
 # ----------------------------------------------------------------------------------------------------------------
