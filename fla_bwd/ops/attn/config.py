@@ -58,7 +58,7 @@ DK_FROM_DS_ABOVE_D = 128
 # it at D = 256 without spills (4 warps: 528 B of stack); 3 stages as dQ from dS, the same kind of loop.
 DK_FROM_DS_LAUNCH = dict(num_warps=8, num_stages=3)
 # Where "auto" takes the five-product backward (`dispatch.route`): dense full-causal calls at head dims
-# 65-128 from this length on whose launches keep the GPU busy (`group_fills_gpu`, with a split if needed). They won
+# above 64 from this length on whose launches keep the GPU busy (`group_fills_gpu`, with a split if needed). They won
 # there on the H200; D = 64 and windows lost. Shorter: `FIVE_PRODUCT_MIN_T_HOPPER`.
 FIVE_PRODUCT_MIN_T = 2048
 # Whether "auto" takes it for gated calls too (where the Hopper kernel runs them, in eager calls whose forward then

@@ -247,10 +247,11 @@ def _busy_splits(s):
 
 def _auto_five(s, aligned: bool, k: Knobs) -> tuple:
     """(FiveProduct or None, why) for "auto" on an eligible, dense call: five products where they measured faster
-    (`config`): full causal, head dims 65-128, long enough, gated calls only on the Hopper kernel and where
+    (`config`): full causal, head dims above 64, long enough, gated calls only on the Hopper kernel and where
     `config.FIVE_PRODUCT_GATED` allows, ungated calls on the Triton kernel only on GPUs of at least
-    `config.TRITON_FIVE_MIN_TBPS`, shorter ungated calls (`config.FIVE_PRODUCT_MIN_T_HOPPER`) on the Hopper kernel
-    only, and the first of `_busy_splits` whose dS tiles fit the budget."""
+    `config.TRITON_FIVE_MIN_TBPS` (above head dim 128, dK from dS, on any GPU), shorter ungated calls
+    (`config.FIVE_PRODUCT_MIN_T_HOPPER`) on the Hopper kernel only, and the first of `_busy_splits` whose dS tiles
+    fit the budget."""
     D = max(s.K, s.V)
     if D <= 64:
         return None, f"head dim {D}: five products lost to seven at head dim 64"
