@@ -436,11 +436,14 @@ def test_auto_dispatch(kw, expected, monkeypatch):
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.setenv("FLA_BWD_DS_KERNEL", "triton")
     monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)  # the H200's (on the CPU too)
+    monkeypatch.setattr(config, "FIVE_PRODUCT_WIDE", True)
     five = dispatch.five_product(_shape(**kw), True, True, exact_o=True)
     assert five == (None if expected is None else dispatch.FiveProduct(*expected)), five
     if max(_shape(**kw).K, _shape(**kw).V) > 128:  # not a bandwidth trade there: also on the H100's 3.35 TB/s
         monkeypatch.setattr(config, "hbm_tbps", lambda device: 3.35)
         assert dispatch.five_product(_shape(**kw), True, True, exact_o=True) == five
+        monkeypatch.setattr(config, "FIVE_PRODUCT_WIDE", False)  # "auto" leaves them to seven products
+        assert dispatch.five_product(_shape(**kw), True, True, exact_o=True) is None
     if dispatch.needs_exact_o(_shape(**kw)):
         assert dispatch.five_product(_shape(**kw), True, True, exact_o=False) is None
     assert dispatch.five_product(_shape(**kw), False, True) is None  # packed: seven products

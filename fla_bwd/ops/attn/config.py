@@ -52,8 +52,12 @@ DQ_FROM_DS_LAUNCH = dict(num_warps=4, num_stages=3)
 # Above head dim 128: 8 warps, where 4 spill its two [BQ, D] fp32 sums (D = 256: 248 B of stack at 4, none at 8).
 DQ_FROM_DS_LAUNCH_WIDE = dict(num_warps=8, num_stages=3)
 # Head dims above this take dK from the stored dS tiles in five products (`dispatch.FiveProduct.dk_from_ds`): the
-# dK/dV kernel's two [BT, D] fp32 sums take 128 registers a thread at D = 256 and spill (perf-log #78's table).
+# dK/dV kernel's two [BT, D] fp32 sums take 128 registers a thread at D = 256 and spill (FLAG mode: 192-944 B of
+# stack at every tile tried; dV and dS alone: none, `scripts/compile_sm90.py --five --dims 256`).
 DK_FROM_DS_ABOVE_D = 128
+# Whether "auto" takes that route (five products above head dim 128): not yet, it has run under the CPU interpreter
+# only; FLA_BWD_DQ_PATH=from-ds runs it, and a GPU measurement against seven products decides.
+FIVE_PRODUCT_WIDE = False
 # The dK-from-dS kernel (head dims above 128, `dispatch.five_route`): a [BT, D] fp32 sum a program, 8 warps to hold
 # it at D = 256 without spills (4 warps: 528 B of stack); 3 stages as dQ from dS, the same kind of loop.
 DK_FROM_DS_LAUNCH = dict(num_warps=8, num_stages=3)

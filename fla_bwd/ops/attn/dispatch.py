@@ -276,6 +276,9 @@ def _auto_five(s, aligned: bool, k: Knobs) -> tuple:
             return None, "one query head of every share does not fit the dS budget (FLA_BWD_DS_BUDGET_MIB)"
         return FiveProduct(split, chunk, True), "measured faster: long full-causal call on the Hopper kernel"
     wide = D > config.DK_FROM_DS_ABOVE_D
+    if wide and not config.FIVE_PRODUCT_WIDE:
+        return None, (f"head dim {D}: five products with dK from dS are not measured on a GPU yet "
+                      f"(config.FIVE_PRODUCT_WIDE; FLA_BWD_DQ_PATH=from-ds runs them)")
     if not wide and config.hbm_tbps(s.device) < config.TRITON_FIVE_MIN_TBPS:
         return None, (f"memory bandwidth {config.hbm_tbps(s.device):.2f} TB/s < {config.TRITON_FIVE_MIN_TBPS}: the "
                       f"Triton kernel's dS round trip costs more than it saves")
