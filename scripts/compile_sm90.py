@@ -238,15 +238,15 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
                      dk_in=t(f32), dv_in=t(f32), sink_bias=None, sink_part=None, NTILE=1000, G0=2, CHUNK=2, HEADS=1,
                      ACC_OUT=True, DK_FROM_DS=False)
         ds_kernel = P.parallel_attn_bwd_kernel_dkv_ds_per_kv_head
-        plain = [("dkv_store_ds", ds_kernel, dict(store, SPLIT=1), "dkv"),
-                 ("dkv_store_ds_split4", ds_kernel, dict(store, SPLIT=4), "dkv"),
+        plain = [("dkv_store_ds", ds_kernel, dict(store, SPLIT=1), "dkv_ds"),
+                 ("dkv_store_ds_split4", ds_kernel, dict(store, SPLIT=4), "dkv_ds"),
                  ("dkv_store_ds_gated", ds_kernel,
-                  dict(store, SPLIT=1, g_cumsum=t(f32)), "dkv"),
-                 ("dkv_store_ds_sink", ds_kernel, dict(store, SPLIT=1, sink_bias=t(f32), sink_part=t(f32)), "dkv")]
+                  dict(store, SPLIT=1, g_cumsum=t(f32)), "dkv_ds"),
+                 ("dkv_store_ds_sink", ds_kernel, dict(store, SPLIT=1, sink_bias=t(f32), sink_part=t(f32)), "dkv_ds")]
         if D > DK_FROM_DS_ABOVE_D:  # dV and dS alone (`FiveProduct.dk_from_ds`)
             dv_only = dict(store, SPLIT=1, dk=None, dk_in=None, DK_FROM_DS=True)
-            plain += [("dv_store_ds", ds_kernel, dv_only, "dkv"),
-                      ("dv_store_ds_sink", ds_kernel, dict(dv_only, sink_bias=t(f32), sink_part=t(f32)), "dkv")]
+            plain += [("dv_store_ds", ds_kernel, dv_only, "dkv_ds"),
+                      ("dv_store_ds_sink", ds_kernel, dict(dv_only, sink_bias=t(f32), sink_part=t(f32)), "dkv_ds")]
     modes = [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
              for name, kernel, launch, key in plain for mode in (0, 1, 2)]
     return modes + (_five_extra(D, dtype, t, base) if five else [])
@@ -256,7 +256,7 @@ def _five_extra(D: int, dtype, t, base: dict):
     """The five-product backward's own kernels (no CONTAIN modes), and the gated forward that stores o_lo for them
     (`base`: the forward's and dK/dV kernels' common arguments, `kernels`)."""
     import fla_bwd.ops.attn.from_ds as F
-    cfg = tile_config("dkv", D, dtype)
+    cfg = tile_config("dkv_ds", D, dtype)
     bk = max(16, triton.next_power_of_2(D))
     dq = dict(k=t(), ds=t(), dq=t(), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D,
               BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1)
@@ -265,22 +265,22 @@ def _five_extra(D: int, dtype, t, base: dict):
     delta = dict(o=t(), o_lo=None, do=t(), delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
     dk = dict(q=t(), ds=t(), dk=t(f32), dk_in=t(f32), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8,
               SPLIT=1, CHUNK=2, K=D, BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_PARTS=8, ACC_OUT=True)
-    wide = [("dk_from_ds", F.parallel_attn_bwd_kernel_dk_from_ds, dk, "dkv")] if D > DK_FROM_DS_ABOVE_D else []
-    return wide + [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None), "dkv"),
+    wide = [("dk_from_ds", F.parallel_attn_bwd_kernel_dk_from_ds, dk, "dkv_ds")] if D > DK_FROM_DS_ABOVE_D else []
+    return wide + [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None), "dkv_ds"),
             ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(f32), dgk_part=t(f32)),
-             "dkv"),
+             "dkv_ds"),
             ("key_side", F.key_side_kernel, dict(dgk_part=t(f32), dgc_k=t(f32), T=100, W=100, G0=2, H=4, G=8,
                                                  SPLIT=1, CHUNK=2, BT=cfg["BT"], BQ=cfg["BS"], BR=256, BP=16,
-                                                 NUM_BANDS=8), "dkv"),
+                                                 NUM_BANDS=8), "dkv_ds"),
             ("gate_grad_of_band", F.gate_grad_of_band_kernel,
              dict(dgk_part=t(f32), dgc_q=t(f32), dg=t(f32), T=100, W=100, G0=2, HQ=32, H=4, G=8, SPLIT=1, CHUNK=2,
-                  BT=cfg["BT"], BQ=cfg["BS"], BR=1024, BP=8, NUM_BANDS=8), "dkv"),
-            ("delta", F.delta_kernel, delta, "dkv"),
+                  BT=cfg["BT"], BQ=cfg["BS"], BR=1024, BP=8, NUM_BANDS=8), "dkv_ds"),
+            ("delta", F.delta_kernel, delta, "dkv_ds"),
             ("sink_grad", F.sink_grad_kernel, dict(lse=t(f32), delta=t(f32), sink_bias=t(f32), sink_part=t(f32),
-                                                   dsink=t(f32), NTOK=100, NP=8, BN=1024, BP=8), "dkv"),
+                                                   dsink=t(f32), NTOK=100, NP=8, BN=1024, BP=8), "dkv_ds"),
             # a gated five-product call's forward (the FLAG launch of long rows) stores o_lo; its delta reads it
             ("fwd_o_lo_gated[flag]", P.parallel_attn_fwd_kernel, fwd, "fwd"),
-            ("delta_o_lo", F.delta_kernel, dict(delta, o_lo=t(torch.int8)), "dkv")]
+            ("delta_o_lo", F.delta_kernel, dict(delta, o_lo=t(torch.int8)), "dkv_ds")]
 
 
 def parse_override(text):

@@ -29,11 +29,14 @@ TILE_CONFIGS = {
         # Short windows (`dkv_tiles`): 32-row blocks fit three stages beside a second program, so each block's loads
         # are issued a block ahead (at two stages the loop issues them at its end and waits at its top).
         "dkv_window": _tiles(64, 32, 4, 3),
+        "dkv_ds": _tiles(64, 64, 4, 2),  # the five-product dK/dV kernel's: "dkv"'s, measured with it
     },
     (True, True): {
-        "fwd": _tiles(64, 32, 8, 2),  # D up to 256 doubles each row's registers and shared memory; not swept
-        "dq": _tiles(64, 32, 8, 2),  # same reason
+        "fwd": _tiles(128, 64, 8, 2),  # two warpgroups of 64 rows: D = 256 B2 T2048 G4 381 against 1002 us at 64 x 32
+        "dq": _tiles(64, 32, 8, 2),  # D up to 256 doubles each row's registers and shared memory; not swept
         "dkv": _tiles(64, 32, 8, 2),  # same reason
+        # dV and dS alone (`dispatch.FiveProduct.dk_from_ds`): 1023 against 1336 us at 64 x 32 (D = 256 B2 T2048 G4)
+        "dkv_ds": _tiles(64, 64, 8, 2),
     },
     (False, False): {
         "fwd": _tiles(64, 32, 4, 2),  # fp32 operands: fwd 128x128 needs 256 KB of the 227 KB a block may use
@@ -55,9 +58,9 @@ DQ_FROM_DS_LAUNCH_WIDE = dict(num_warps=8, num_stages=3)
 # dK/dV kernel's two [BT, D] fp32 sums take 128 registers a thread at D = 256 and spill (FLAG mode: 192-944 B of
 # stack at every tile tried; dV and dS alone: none, `scripts/compile_sm90.py --five --dims 256`).
 DK_FROM_DS_ABOVE_D = 128
-# Whether "auto" takes that route (five products above head dim 128): not yet, it has run under the CPU interpreter
-# only; FLA_BWD_DQ_PATH=from-ds runs it, and a GPU measurement against seven products decides.
-FIVE_PRODUCT_WIDE = False
+# Whether "auto" takes that route (five products above head dim 128): D = 256 B2 T2048 G4 backward 1745 against
+# 3419 us in seven products (H100).
+FIVE_PRODUCT_WIDE = True
 # The dK-from-dS kernel (head dims above 128, `dispatch.five_route`): a [BT, D] fp32 sum a program, 8 warps to hold
 # it at D = 256 without spills (4 warps: 528 B of stack); 3 stages as dQ from dS, the same kind of loop.
 DK_FROM_DS_LAUNCH = dict(num_warps=8, num_stages=3)

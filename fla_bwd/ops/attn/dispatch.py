@@ -226,7 +226,7 @@ def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int, split:
     """Query heads of each share (G / split heads) per chunk: the largest divisor of the share whose scratch
     (B * H * split * chunk bands, `from_ds.band_bytes`) fits in `budget` bytes, or None if one head of every share
     does not fit (then the seven-product backward runs)."""
-    cfg = config.tile_config("dkv", D)
+    cfg = config.tile_config("dkv_ds", D)
     rows = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"]  # a band's rows in the dK/dV kernel's descriptor view
     band = band_bytes(T, W, D, gated)
     bands = B * H * split
@@ -277,8 +277,7 @@ def _auto_five(s, aligned: bool, k: Knobs) -> tuple:
         return FiveProduct(split, chunk, True), "measured faster: long full-causal call on the Hopper kernel"
     wide = D > config.DK_FROM_DS_ABOVE_D
     if wide and not config.FIVE_PRODUCT_WIDE:
-        return None, (f"head dim {D}: five products with dK from dS are not measured on a GPU yet "
-                      f"(config.FIVE_PRODUCT_WIDE; FLA_BWD_DQ_PATH=from-ds runs them)")
+        return None, f"head dim {D}: five products with dK from dS are turned off (config.FIVE_PRODUCT_WIDE)"
     if not wide and config.hbm_tbps(s.device) < config.TRITON_FIVE_MIN_TBPS:
         return None, (f"memory bandwidth {config.hbm_tbps(s.device):.2f} TB/s < {config.TRITON_FIVE_MIN_TBPS}: the "
                       f"Triton kernel's dS round trip costs more than it saves")
@@ -456,7 +455,7 @@ def five_route(s, five: FiveProduct, k: Knobs, reasons: Optional[list] = None) -
                                           "key-side": "key-side: the dQ kernel's partial key sums added up, then a "
                                                       "reverse cumsum"}[gate_grad]))
     exact_o = needs_exact_o(s)
-    return Route(five, None, heads, "dkv", "o+o_lo" if exact_o else "o", gate_grad, containment, exact_o,
+    return Route(five, None, heads, "dkv_ds", "o+o_lo" if exact_o else "o", gate_grad, containment, exact_o,
                  tuple(reasons))
 
 

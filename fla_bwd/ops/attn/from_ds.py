@@ -451,6 +451,6 @@ def gate_grad_of_band_kernel(dgk_part, dgc_q, dg, T, W, G0, HQ: tl.constexpr, H:
 def band_bytes(T: int, W: int, D: int, gated: bool) -> int:
     """Scratch bytes of one band (one query head of one batch element): its 16-bit dS tiles and, gated, the dQ
     kernel's fp32 key sums, T for each of its cdiv(T, 2 BQ) programs (`key_side_kernel`)."""
-    cfg = tile_config("dkv", D)
+    cfg = tile_config("dkv_ds", D)
     tiles = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"] * cfg["BS"] * 2
     return tiles + (cdiv(T, 2 * cfg["BS"]) * T * 4 if gated else 0)

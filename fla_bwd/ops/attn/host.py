@@ -258,7 +258,7 @@ def _add_dkv_ds(plan: Plan, s, out: Optional[tuple], split: int, hopper: bool, *
     else:
         dk, dv = out if out is not None else (plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype),
                                               plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype))
-    _, NT, args = _common(plan, s, None, "dkv")
+    _, NT, args = _common(plan, s, None, "dkv_ds")
     if NT == 0:
         return
     programs = NT * s.B * s.H * split
@@ -323,7 +323,7 @@ def add_five_product(plan: Plan, s, route) -> None:
     FIXUP launch re-reads the sums its FLAG launch started from)."""
     G = s.HQ // s.H
     split, chunk, hopper, dk_from_ds = route.five
-    cfg = tile_config("dkv", max(s.K, s.V), s.dtype)
+    cfg = tile_config("dkv_ds", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
     NTOK = s.B * s.T
     dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
