@@ -187,6 +187,20 @@ def test_chunks_are_bitwise_one_launch(split, chunk, heads, monkeypatch):
         assert torch.equal(chunked[name], seven[name]), name
 
 
+def _whole_then_chunked(case: Case, split: int, chunk: int, monkeypatch) -> tuple:
+    """(inputs, ChunkSpy, one chunk's outputs, then with a budget of `chunk` heads a share, then those again) of a
+    five-product backward whose groups are dealt to `split` programs, from fresh plans."""
+    x = make_inputs(case)
+    monkeypatch.setattr(host, "_PLANS", {})
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"), dkv_path(_SPLIT_PATHS[split]):
+        whole = run_parallel(case, x)
+        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * split * chunk * _band_bytes(case) / 2**20))
+        chunked = run_parallel(case, x)
+        again = run_parallel(case, x)
+    return x, spy, whole, chunked, again
+
+
 _WIDE_CHUNKED = Case(B=2, T=70, HQ=8, H=2, K=160, V=144, dtype=bf16, window=40) if DEVICE != "cuda" else \
     Case(B=2, T=900, HQ=16, H=2, K=256, dtype=bf16)
 
@@ -198,14 +212,7 @@ def test_wide_chunks_are_bitwise_one_launch(split, chunk, monkeypatch):
     from chunk to chunk in place): the same dq, dk, dv bitwise in chunks as in one chunk, and again (determinism);
     dv bitwise the seven-product backward's at the same split (dK's sum runs in another order there)."""
     case = _WIDE_CHUNKED
-    x = make_inputs(case)
-    monkeypatch.setattr(host, "_PLANS", {})
-    spy = ChunkSpy(monkeypatch)
-    with dq_path("from-ds"), dkv_path(_SPLIT_PATHS[split]):
-        whole = run_parallel(case, x)
-        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * split * chunk * _band_bytes(case) / 2**20))
-        chunked = run_parallel(case, x)
-        again = run_parallel(case, x)
+    x, spy, whole, chunked, again = _whole_then_chunked(case, split, chunk, monkeypatch)
     with dq_path("recompute"), dkv_path(_SPLIT_PATHS[split]):
         seven = run_parallel(case, x)
     assert spy.chunks == [case.HQ // case.H // split, chunk, chunk, None], spy.chunks
@@ -225,14 +232,7 @@ def test_gated_chunks_are_bitwise_one_launch(split, chunk, monkeypatch):
     """A gated call: the same dq, dk, dv and dg bitwise in chunks as in one chunk, and again (determinism); each
     chunk's dQ launch stores the query side of dgc for its own heads only."""
     case = _GATED_CHUNKED
-    x = make_inputs(case)
-    monkeypatch.setattr(host, "_PLANS", {})
-    spy = ChunkSpy(monkeypatch)
-    with dq_path("from-ds"), dkv_path(_SPLIT_PATHS[split]):
-        whole = run_parallel(case, x)
-        monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", str(case.B * case.H * split * chunk * _band_bytes(case) / 2**20))
-        chunked = run_parallel(case, x)
-        again = run_parallel(case, x)
+    _, spy, whole, chunked, again = _whole_then_chunked(case, split, chunk, monkeypatch)
     assert spy.chunks == [case.HQ // case.H // split, chunk, chunk], spy.chunks
     for name in ("o", "dq", "dk", "dv", "dg"):
         assert torch.equal(chunked[name], whole[name]), name
