@@ -21,7 +21,7 @@ from test_attn_nan import _check_poisoned, _poisoned_run
 import fla_bwd.ops.attn.dispatch as dispatch
 import fla_bwd.ops.attn.from_ds as from_ds
 import fla_bwd.ops.attn.host as host
-from fla_bwd.ops.attn import config
+from fla_bwd.ops.attn import config, parallel_attn
 from fla_bwd.ops.attn.inner import o_lo_decode, o_lo_encode
 from fla_bwd.settings import dkv_path, dq_path, ds_kernel
 from fla_bwd.utils import interpreter_bf16_fix, interpreter_index_fix
@@ -566,6 +566,18 @@ def test_calls_it_cannot_run_raise(what, monkeypatch):
     with dq_path("from-ds"), dkv_path(forced):
         with pytest.raises(ValueError, match=message):
             run_parallel(case, x)
+
+
+@pytest.mark.parametrize("K,V", [(64, 64), (160, 160), (64, 256)])
+def test_empty_call_gives_empty_gradients(K, V):
+    """T = 0 under forced five products (above head dim 128 too, where dK from dS writes dk): every gradient exists,
+    empty and of its input's shape."""
+    q = torch.randn(1, 0, 4, K, device=DEVICE, dtype=bf16, requires_grad=True)
+    k = torch.randn(1, 0, 2, K, device=DEVICE, dtype=bf16, requires_grad=True)
+    v = torch.randn(1, 0, 2, V, device=DEVICE, dtype=bf16, requires_grad=True)
+    with dq_path("from-ds"):
+        dq, dk, dv = torch.autograd.grad(parallel_attn(q, k, v).sum(), (q, k, v))
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
 
 
 def test_bad_settings_raise(monkeypatch):

@@ -368,6 +368,9 @@ def add_five_product(plan: Plan, s, route) -> None:
     last_out = fp32_pair("part", True) if split > 1 else None
     # dK from dS: one fp32 sum over the chunks, read and rewritten in place by each program (no FIXUP re-reads it).
     dk_sum = plan.empty("dk_sum", (s.B, s.T, NP, s.K), torch.float32) if dk_from_ds and chunk < G // split else None
+    dk_out = None  # dK from dS: the last chunk's output, made here so that it exists also for T = 0
+    if dk_from_ds:
+        dk_out = last_out[0] if last_out is not None else plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype)
     for n in range(launches):
         last = n == launches - 1
         dk_in, dv_in = sums[(n - 1) % 2] if n > 0 else (None, None)
@@ -382,9 +385,7 @@ def add_five_product(plan: Plan, s, route) -> None:
                         dq=dq, dgc_q=dgc_q, dgk_part=dgk_part, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
                         BK=max(16, next_power_of_2(s.K)), **heads_of, **dq_launch)
             if dk_from_ds:
-                dk = (last_out[0] if last_out is not None else plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype)
-                      ) if last else dk_sum
-                _add_dk_from_ds(plan, s, dk, dk_sum if done > chunk else None, not last,
+                _add_dk_from_ds(plan, s, dk_out if last else dk_sum, dk_sum if done > chunk else None, not last,
                                 dict(heads_of, ds=ds, NTILE=ntile))
             if by_band:
                 add_gate_grad_by_band(plan, dgk_part, dgc_q, dg, s, heads_of)
