@@ -10,6 +10,7 @@ the seven-product backward's (the same kernel, additions in the same order), and
 import math
 
 import pytest
+import test_attn_nan
 import torch
 import triton
 import triton.language as tl
@@ -360,6 +361,23 @@ def test_nan_inf_propagation(which, value, W, containment, gate, monkeypatch):
     spy = ChunkSpy(monkeypatch)
     with dq_path("from-ds"):
         out, clean, dep = _poisoned_run(which, value, W, gate=gate)
+    assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
+    _check_poisoned(out, clean, dep)
+
+
+@pytest.mark.parametrize("W", [None, 8], ids=["causal", "W8"])
+@pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan)],
+                         ids=["q_nan", "k_inf", "v_nan"])
+@pytest.mark.parametrize("containment", ["inline", "two-launch"])
+def test_nan_inf_propagation_wide(which, value, W, containment, monkeypatch):
+    """The same above head dim 128 (dK from dS): the dV + dS kernel's containment flag sees a non-finite stored dS
+    (a bad v row reaches dS, not dV), and the dK-from-dS kernel keeps a bad q row out of the keys that do not see
+    it."""
+    monkeypatch.setattr(test_attn_nan, "NAN_D", 160)
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"):
+        out, clean, dep = _poisoned_run(which, value, W, gate=False)
     assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
     _check_poisoned(out, clean, dep)
 
