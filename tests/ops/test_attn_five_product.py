@@ -348,51 +348,51 @@ def test_gated_backward_without_o_lo():
         assert dispatch.five_product(call.shape, True, True, exact_o=False) is not None
 
 
-@pytest.mark.parametrize("W", [None, 8], ids=["causal", "W8"])
-@pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan)],
-                         ids=["q_nan", "k_inf", "v_nan"])
-@pytest.mark.parametrize("containment", ["inline", "two-launch"])
+def _contained_on_five_products(containment: str, monkeypatch, *args, **kwargs) -> None:
+    """`_poisoned_run(*args, **kwargs)` under forced five products and `containment`: every backward took five
+    products, and the non-finite input reached exactly the outputs that depend on it (`_check_poisoned`)."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
+    spy = ChunkSpy(monkeypatch)
+    with dq_path("from-ds"):
+        out, clean, dep = _poisoned_run(*args, **kwargs)
+    assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
+    _check_poisoned(out, clean, dep)
+
+
+_WINDOWS = pytest.mark.parametrize("W", [None, 8], ids=["causal", "W8"])
+_NONFINITE = pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan)],
+                                     ids=["q_nan", "k_inf", "v_nan"])
+_CONTAINMENT = pytest.mark.parametrize("containment", ["inline", "two-launch"])
+
+
+@_WINDOWS
+@_NONFINITE
+@_CONTAINMENT
 @pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
 def test_nan_inf_propagation(which, value, W, containment, gate, monkeypatch):
     """As tests/ops/test_attn_nan.py: a non-finite input reaches exactly the outputs that depend on it; the stored
     dS tiles are the contained ones, and the dQ-from-dS kernel keeps a bad K row out of the rows that do not see
     it."""
-    monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
-    spy = ChunkSpy(monkeypatch)
-    with dq_path("from-ds"):
-        out, clean, dep = _poisoned_run(which, value, W, gate=gate)
-    assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
-    _check_poisoned(out, clean, dep)
+    _contained_on_five_products(containment, monkeypatch, which, value, W, gate=gate)
 
 
-@pytest.mark.parametrize("W", [None, 8], ids=["causal", "W8"])
-@pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan)],
-                         ids=["q_nan", "k_inf", "v_nan"])
-@pytest.mark.parametrize("containment", ["inline", "two-launch"])
+@_WINDOWS
+@_NONFINITE
+@_CONTAINMENT
 def test_nan_inf_propagation_wide(which, value, W, containment, monkeypatch):
     """The same above head dim 128 (dK from dS): the dV + dS kernel's containment flag sees a non-finite stored dS
     (a bad v row reaches dS, not dV), and the dK-from-dS kernel keeps a bad q row out of the keys that do not see
     it."""
     monkeypatch.setattr(test_attn_nan, "NAN_D", 160)
-    monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
-    spy = ChunkSpy(monkeypatch)
-    with dq_path("from-ds"):
-        out, clean, dep = _poisoned_run(which, value, W, gate=False)
-    assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
-    _check_poisoned(out, clean, dep)
+    _contained_on_five_products(containment, monkeypatch, which, value, W, gate=False)
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v"])
-@pytest.mark.parametrize("containment", ["inline", "two-launch"])
+@_CONTAINMENT
 def test_nan_with_sink(which, containment, monkeypatch):
     """As tests/ops/test_attn_nan.py's sink test, on five products: a NaN q, k or v vector reaches the same outputs
     as without a sink, and dsink (`from_ds.sink_grad_kernel`) of exactly the query heads with a dependent row."""
-    monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
-    spy = ChunkSpy(monkeypatch)
-    with dq_path("from-ds"):
-        out, clean, dep = _poisoned_run(which, math.nan, 8, gate=False, sink=0.0)
-    assert all(c is not None for c in spy.chunks) and spy.chunks, spy.chunks
-    _check_poisoned(out, clean, dep)
+    _contained_on_five_products(containment, monkeypatch, which, math.nan, 8, gate=False, sink=0.0)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU (Triton's CPU interpreter has no graphs)")

@@ -159,8 +159,8 @@ class FiveProduct(NamedTuple):
 
 def eligible(s) -> bool:
     """Whether the five-product backward can run a call of Shape s (dense is the caller's to check; a gated call
-    also needs the forward's o_lo, `needs_exact_o`): 16-bit, head dims up to 256, every query."""
-    return s.dtype in (torch.float16, torch.bfloat16) and max(s.K, s.V) <= 256 and s.Q0 == 0
+    also needs the forward's o_lo, `needs_exact_o`): 16-bit, every query (every head dim the API accepts)."""
+    return s.dtype in (torch.float16, torch.bfloat16) and s.Q0 == 0
 
 
 def needs_exact_o(s) -> bool:
@@ -305,7 +305,7 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
         if not dense:
             return None, "packed sequences: five products run dense calls only"
         if not runnable:
-            return None, "fp32, a head dim above 256 or tail queries: five products do not run them"
+            return None, "fp32 or tail queries: five products do not run them"
         if k.dkv_path != "auto":
             return None, f"a dK/dV kernel is forced (FLA_BWD_DKV_PATH={k.dkv_path})"
         if inexact:
@@ -323,7 +323,7 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
         split = kernel.split
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
-                         "16-bit q, k, v and head dims up to 256")
+                         "16-bit q, k, v")
     hopper = _hopper(s, aligned, k)
     if hopper and k.dkv_path == "auto":
         split = hopper_split(s.B, s.T, s.H, G, config.sm_count(s.device))

@@ -304,13 +304,15 @@ def parallel_attn_bwd_kernel_dq_from_ds(
 
 
 @triton.jit
-def _dk_ds_block(b_dk, ds_base, q_base, i_tile, qi, T, stride_q, K: tl.constexpr, BT: tl.constexpr,
+def _dk_ds_block(b_dk, ds_base, q_base, qi, i_j, T, W, stride_q, K: tl.constexpr, BT: tl.constexpr,
                  BQ: tl.constexpr, BK: tl.constexpr, EDGE: tl.constexpr):
-    """b_dk [BT, BK] += dS^T Q over query block qi: its stored [BT keys, BQ queries] tile i_tile and its q rows.
+    """b_dk [BT, BK] += dS^T Q over query block qi: its stored [BT keys, BQ queries] tile of key tile i_j and its q
+    rows.
     EDGE: a block that sees the key tile in part (diagonal, window edge) or ends past T: its q rows are loaded with
     their row mask and their non-finite elements zeroed (`inner.finite_rows`), since there the stored dS is 0 for the
     pairs a row cannot see and 0 * Inf = NaN would reach keys that do not depend on that row; the keys that see a bad
     row hold NaN in dS already."""
+    i_tile = ds_tile_index(qi, i_j, W, BQ=BQ, BT=BT)
     o_t = qi * BQ + tl.arange(0, BQ)
     # [BQ, BK]
     b_q = load_rows(q_base, o_t, T, stride_q, N=K, BN=BK, FULL=not EDGE)
@@ -360,14 +362,11 @@ def parallel_attn_bwd_kernel_dk_from_ds(
         ds_base = ds + i_band.to(tl.int64) * NTILE * (BT * BQ)
         q_base = q + (bos * HQ + i_share * (G // SPLIT) + G0 + i_c) * K
         for qi in range(q_lo, full):
-            b_dk = _dk_ds_block(b_dk, ds_base, q_base, ds_tile_index(qi, i_j, W, BQ=BQ, BT=BT), qi, T, HQ * K, K=K,
-                                BT=BT, BQ=BQ, BK=BK, EDGE=True)
+            b_dk = _dk_ds_block(b_dk, ds_base, q_base, qi, i_j, T, W, HQ * K, K=K, BT=BT, BQ=BQ, BK=BK, EDGE=True)
         for qi in range(full, edge):
-            b_dk = _dk_ds_block(b_dk, ds_base, q_base, ds_tile_index(qi, i_j, W, BQ=BQ, BT=BT), qi, T, HQ * K, K=K,
-                                BT=BT, BQ=BQ, BK=BK, EDGE=False)
+            b_dk = _dk_ds_block(b_dk, ds_base, q_base, qi, i_j, T, W, HQ * K, K=K, BT=BT, BQ=BQ, BK=BK, EDGE=False)
         for qi in range(edge, q_hi):
-            b_dk = _dk_ds_block(b_dk, ds_base, q_base, ds_tile_index(qi, i_j, W, BQ=BQ, BT=BT), qi, T, HQ * K, K=K,
-                                BT=BT, BQ=BQ, BK=BK, EDGE=True)
+            b_dk = _dk_ds_block(b_dk, ds_base, q_base, qi, i_j, T, W, HQ * K, K=K, BT=BT, BQ=BQ, BK=BK, EDGE=True)
     if not ACC_OUT:
         b_dk *= scale
     tl.store(dk + p_dk, b_dk.to(dk.dtype.element_ty), mask=m_dk)
