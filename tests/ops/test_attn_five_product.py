@@ -255,7 +255,7 @@ def test_forward_makes_o_lo_only_for_a_gated_five_product_backward():
     x, args = _gated_call(case)
     sink = torch.zeros(case.HQ, device=DEVICE)
     with dq_path("from-ds"):
-        o, _, _, o_lo, _ = host.forward(*args, for_backward=True)
+        o, _, _, o_lo, _, _ = host.forward(*args, for_backward=True)
         assert host.forward(*args, for_backward=False)[3] is None
         assert host.forward(*args[:3], None, *args[4:], for_backward=True)[3] is None  # ungated
         assert host.forward(*args[:3], None, sink, *args[5:], for_backward=True)[3] is None  # a sink: 70 keys a row
@@ -334,7 +334,7 @@ def test_gated_backward_without_o_lo():
     needs no o_lo: its call takes five products all the same."""
     case = Case(B=1, T=70, HQ=2, H=1, K=64, dtype=bf16, gate=True)
     x, (q, k, v, g, *rest) = _gated_call(case)
-    o, lse, gc, o_lo, _ = host.forward(q, k, v, g, *rest)
+    o, lse, gc, o_lo, _, _ = host.forward(q, k, v, g, *rest)
     assert o_lo is None
     do = x.do.contiguous()
     with dq_path("from-ds"):

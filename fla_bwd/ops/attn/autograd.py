@@ -5,7 +5,8 @@
 Two front ends over those two functions, one formula:
 - under torch.compile, a pair of torch.library custom ops with fake (meta) implementations, so that
   `torch.compile(fullgraph=True)` sees two opaque ops instead of tracing into Triton launches; a custom op cannot
-  return None, so absent optional outputs (the gate's cumsum, dg, dsink) travel as empty tensors;
+  return None, so absent optional tensors (the gate's cumsum, the user's lse and its gradient, dg, dsink) travel
+  as empty tensors;
 - in eager code, a plain autograd.Function: the custom-op machinery (schema default filling, dynamo guards,
   autograd redispatch) costs more host time per call than a short row's whole GPU time.
 Neither supports a second differentiation: both raise a clear error instead of returning a silent zero.
@@ -32,36 +33,41 @@ def _empty_f32(device) -> torch.Tensor:
 @torch.library.custom_op("fla_bwd::parallel_attn_fwd", mutates_args=())
 def parallel_attn_fwd_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
-    cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, lse, the gate's cumsum or empty). `window_size` 0 means full causal."""
+    cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int, return_lse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, lse, the gate's cumsum or empty, the user's lse `[B, T, HQ]` or empty). `window_size` 0 means full
+    causal."""
     # No o_lo (`host.forward`'s for_backward): the op cannot tell whether a backward follows, so its gated calls
     # take seven products.
-    o, lse, g_cumsum, _, _ = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-    return o, lse, g_cumsum if g_cumsum is not None else _empty_f32(q.device)
+    o, lse, g_cumsum, _, _, lse_out = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size,
+                                                   return_lse=return_lse)
+    return (o, lse, g_cumsum if g_cumsum is not None else _empty_f32(q.device),
+            lse_out if lse_out is not None else _empty_f32(q.device))
 
 
 @parallel_attn_fwd_op.register_fake
-def _fwd_fake(q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
+def _fwd_fake(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=False):
     B, T, HQ, _ = q.shape
     lse = q.new_empty(HQ, B * T, dtype=torch.float32)
     g_cumsum = q.new_empty(HQ, B * T, dtype=torch.float32) if g is not None else q.new_empty(0, dtype=torch.float32)
-    return q.new_empty(B, T, HQ, v.shape[3]), lse, g_cumsum
+    lse_out = q.new_empty(B, T, HQ, dtype=torch.float32) if return_lse else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(B, T, HQ, v.shape[3]), lse, g_cumsum, lse_out
 
 
 @torch.library.custom_op("fla_bwd::parallel_attn_bwd", mutates_args=())
 def parallel_attn_bwd_op(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     g_cumsum: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
-    cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int,
+    cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int, dlse: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dg or empty, dsink or empty); dg and dsink in g's and sink_bias's dtypes."""
-    grads = host.backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size)
+    """(dq, dk, dv, dg or empty, dsink or empty); dg and dsink in g's and sink_bias's dtypes. `dlse`: the gradient
+    of the user's lse, or None."""
+    grads = host.backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size, dlse=dlse)
     return tuple(x if x is not None else _empty_f32(q.device) for x in grads)
 
 
 @parallel_attn_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size):
+def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size, dlse=None):
     empty = q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             torch.empty_like(g) if g is not None else empty,
@@ -69,24 +75,30 @@ def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, wi
 
 
 def _save(ctx, inputs, output, call=None, o_lo=None):
-    q, k, v, g, sink_bias, cu_seqlens, scale, window_size = inputs
-    o, lse, g_cumsum = output
+    q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse = inputs
+    o, lse, g_cumsum = output[:3]  # the custom op's 4th, the user's lse, is no input of the backward
     ctx.save_for_backward(q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo)
-    ctx.scale, ctx.window_size, ctx.call = scale, window_size, call
+    ctx.scale, ctx.window_size, ctx.call, ctx.return_lse = scale, window_size, call, return_lse
 
 
-def _gradients(ctx, do, backward, *call):
-    """The gradients of the forward's 8 inputs from `do`, through `backward` (the custom op, or `host.backward`
-    with the forward's `host.Call` and o_lo)."""
+def _gradients(ctx, do, dlse, backward, *call):
+    """The gradients of the forward's 9 inputs from `do` and `dlse` (the user's lse's, or None; either may be None
+    where autograd hands none), through `backward` (the custom op, or `host.backward` with the forward's
+    `host.Call` and o_lo)."""
     q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo = ctx.saved_tensors
     extra = (*call, o_lo) if call else ()
-    dq, dk, dv, dg, dsink = backward(do.contiguous(), q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens,
-                                     ctx.scale, ctx.window_size, *extra)
-    return (dq, dk, dv, dg if g is not None else None, dsink if sink_bias is not None else None, None, None, None)
+    # A loss of lse alone: o's gradient is zero (a rare call, so no kernel variant for it).
+    do = torch.zeros_like(o) if do is None else do.contiguous()
+    dlse = dlse.float().contiguous() if dlse is not None and ctx.return_lse else None
+    dq, dk, dv, dg, dsink = backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, ctx.scale,
+                                     ctx.window_size, *extra, dlse=dlse)
+    return (dq, dk, dv, dg if g is not None else None, dsink if sink_bias is not None else None, None, None, None,
+            None)
 
 
-def _op_backward(ctx, do, dlse, dgc):
-    return _gradients(ctx, do, parallel_attn_bwd_op)
+def _op_backward(ctx, do, lse, dgc, dlse):
+    # `lse` is the kernels' own (base 2, head-major), never handed to the user: its gradient is zero.
+    return _gradients(ctx, do, dlse, parallel_attn_bwd_op)
 
 
 def _refuse_double_backward(ctx, *grads):
@@ -109,18 +121,24 @@ class EagerParallelAttn(torch.autograd.Function):
     """The custom ops' formula for eager calls (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, sink_bias, cu_seqlens, scale, window_size):
-        o, lse, g_cumsum, o_lo, call = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size,
-                                                    any(ctx.needs_input_grad))
-        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size), (o, lse, g_cumsum), call, o_lo)
-        return o
+    def forward(ctx, q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=False):
+        o, lse, g_cumsum, o_lo, call, lse_out = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size,
+                                                             any(ctx.needs_input_grad), return_lse)
+        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse), (o, lse, g_cumsum), call,
+              o_lo)
+        if not return_lse:
+            return o
+        # Unused outputs' gradients arrive as None, not zeros: an lse the loss does not use costs the backward
+        # nothing, and a loss of lse alone needs no dO from autograd.
+        ctx.set_materialize_grads(False)
+        return o, lse_out
 
     @staticmethod
-    def backward(ctx, do):
+    def backward(ctx, do, dlse=None):
         if not torch.is_grad_enabled():  # a plain backward (autograd runs it without grad unless create_graph)
-            return _gradients(ctx, do, host.backward, ctx.call)
+            return _gradients(ctx, do, dlse, host.backward, ctx.call)
         with torch.no_grad():
-            grads = _gradients(ctx, do, host.backward, ctx.call)
+            grads = _gradients(ctx, do, dlse, host.backward, ctx.call)
         # create_graph=True: hand back gradients that refuse a second differentiation with a clear error (as the
         # custom op's backward does), rather than silently non-differentiable ones. The saved inputs (which
         # require grad) go in too, so that the outputs carry this node.
@@ -144,13 +162,21 @@ class _NoDoubleBackward(torch.autograd.Function):
 
 class NoKeyVisible(torch.autograd.Function):
     """`window_size=0` with a sink (FLA's meaning): no key is visible, the sink takes all the softmax mass, so o is
-    0 whatever the inputs and every gradient is 0. No kernel runs."""
+    0 whatever the inputs and every gradient is 0; with `return_lse`, lse is the sink's logit in every row, and the
+    sink's gradient is the sum of lse's over its rows. No kernel runs."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, sink_bias):
+    def forward(ctx, q, k, v, g, sink_bias, return_lse=False):
         ctx.save_for_backward(q, k, v, g, sink_bias)
-        return q.new_zeros(*q.shape[:3], v.shape[3])
+        o = q.new_zeros(*q.shape[:3], v.shape[3])
+        if not return_lse:
+            return o
+        ctx.set_materialize_grads(False)
+        return o, sink_bias.float().expand(*q.shape[:3]).contiguous()
 
     @staticmethod
-    def backward(ctx, do):
-        return tuple(torch.zeros_like(x) if x is not None else None for x in ctx.saved_tensors)
+    def backward(ctx, do, dlse=None):
+        grads = [torch.zeros_like(x) if x is not None else None for x in ctx.saved_tensors]
+        if dlse is not None:
+            grads[4] = dlse.float().sum((0, 1)).to(grads[4].dtype)
+        return (*grads, None)

@@ -67,12 +67,15 @@ def ds_layout(T: int, W: int, BQ: int, BT: int) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@triton.heuristics({"EXACT_O": lambda args: args["o_lo"] is not None})
+@triton.heuristics({"EXACT_O": lambda args: args["o_lo"] is not None,
+                    "USE_DLSE": lambda args: args["dlse"] is not None})
 @triton.jit(do_not_specialize=["R", "NTOK"])
-def delta_kernel(o, o_lo, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr, BR: tl.constexpr,
-                 BV: tl.constexpr, EXACT_O: tl.constexpr):
+def delta_kernel(o, o_lo, do, dlse, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr, BR: tl.constexpr,
+                 BV: tl.constexpr, EXACT_O: tl.constexpr, USE_DLSE: tl.constexpr):
     """delta `[HQ, NTOK]` (fp32) = rowsum(o * dO) over the R = NTOK * HQ rows of o, dO `[NTOK, HQ, V]`; EXACT_O:
-    with o in fp32, from o and the forward's int8 o_lo (`inner.o_lo_decode`, `parallel_attn_fwd_kernel`)."""
+    with o in fp32, from o and the forward's int8 o_lo (`inner.o_lo_decode`, `parallel_attn_fwd_kernel`). USE_DLSE:
+    minus dlse `[NTOK, HQ]`, the gradient of the user's natural lse (see `parallel._dq_rows`): every kernel after
+    this one then takes it through delta."""
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)
     o_v = tl.arange(0, BV)
     m = (o_r < R)[:, None] & (o_v < V)[None, :]
@@ -84,12 +87,17 @@ def delta_kernel(o, o_lo, do, delta, R, NTOK, HQ: tl.constexpr, V: tl.constexpr,
     else:
         b_o = b_o.to(tl.float32)
     b_do = tl.load(do + p, mask=m, other=0).to(tl.float32)
+    b_delta = tl.sum(b_o * b_do, 1)
+    if USE_DLSE:
+        b_delta -= tl.load(dlse + o_r, mask=o_r < R, other=0)
     o_tok, o_hq = o_r // HQ, o_r % HQ
-    tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok, tl.sum(b_o * b_do, 1), mask=o_r < R)
+    tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok, b_delta, mask=o_r < R)
 
 
+@triton.heuristics({"USE_DLSE": lambda args: args["dlse"] is not None})
 @triton.jit(do_not_specialize=["NTOK", "NP"])
-def sink_grad_kernel(lse, delta, sink_bias, sink_part, dsink, NTOK, NP, BN: tl.constexpr, BP: tl.constexpr):
+def sink_grad_kernel(lse, delta, dlse, sink_bias, sink_part, dsink, NTOK, NP, HQ: tl.constexpr, BN: tl.constexpr,
+                     BP: tl.constexpr, USE_DLSE: tl.constexpr):
     """dsink[h] (in dsink's dtype) of query head h (program h): the gradient -sum_i p_sink_i * delta_i of the sink,
     whose logit enters only the denominator (p_sink_i = exp(sink_h - lse_i); lse `[HQ, NTOK]` base 2, the sink
     included). delta `[HQ, NTOK]` comes from the rounded o, whose rounding every row's term would carry (an error
@@ -97,7 +105,8 @@ def sink_grad_kernel(lse, delta, sink_bias, sink_part, dsink, NTOK, NP, BN: tl.c
     sum_i p_sink_i * delta_i = sum_ij p_sink_i * dS_ij + sum_i p_sink_i * (1 - p_sink_i) * delta_i
     exactly for dS_ij = P_ij * (dP_ij - delta_i) with any delta_i: the dK/dV kernels summed the first term in fp32
     per (key tile, head) into sink_part `[HQ, NP]`, before dS was rounded. Both sums in a fixed order
-    (deterministic)."""
+    (deterministic). USE_DLSE: delta is less dlse (`delta_kernel`), which the identity cancels, and the sink's
+    gradient through the user's lse (`[NTOK, HQ]`, natural log) is + sum_i p_sink_i * dlse_i: added here."""
     i_hq = tl.program_id(0)
     b_sink = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E  # lse is base 2
     p_row = i_hq.to(tl.int64) * NTOK
@@ -108,6 +117,8 @@ def sink_grad_kernel(lse, delta, sink_bias, sink_part, dsink, NTOK, NP, BN: tl.c
         m_n = o_n < NTOK
         b_w = tl.exp2(b_sink - tl.load(lse + p_row + o_n, mask=m_n, other=float("inf")))
         b_acc += b_w * (1 - b_w) * tl.load(delta + p_row + o_n, mask=m_n, other=0)
+        if USE_DLSE:
+            b_acc -= b_w * tl.load(dlse + o_n.to(tl.int64) * HQ + i_hq, mask=m_n, other=0)
     # [BP]
     b_part = tl.zeros([BP], dtype=tl.float32)
     for i_p in range(0, NP, BP):

@@ -173,20 +173,24 @@ def _common(plan: Plan, s, tiles, kernel: str):
 # The forward and the seven-product backward
 # ----------------------------------------------------------------------------------------------------------------
 
-def add_fwd(plan: Plan, s, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_o: bool = False) -> None:
+def add_fwd(plan: Plan, s, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_o: bool = False,
+            lse_out: bool = False) -> None:
     """o `[B, T - Q0, HQ, V]` (q's dtype) and the base-2 log-sum-exp lse `[HQ, B * T]` (fp32; with tail queries
     only the query positions are written); with `exact_o`, also "o_lo" (o's shape, int8): o's rounding, for a gated
-    five-product backward (`dispatch.needs_o_lo`, `inner.o_lo_encode`)."""
+    five-product backward (`dispatch.needs_o_lo`, `inner.o_lo_encode`); with `lse_out`, also "lse_out" `[B, T, HQ]`
+    fp32, the natural-log lse that `return_lse` hands the user."""
     o = plan.empty("o", (s.B, s.T - s.Q0, s.HQ, s.V), s.dtype)
     o_lo = plan.empty("o_lo", (s.B, s.T - s.Q0, s.HQ, s.V), torch.int8) if exact_o else None
     lse = plan.empty("lse", (s.HQ, s.B * s.T), _F32)
+    lse_user = plan.empty("lse_out", (s.B, s.T, s.HQ), _F32) if lse_out else None
     _, NT, args = _common(plan, s, tiles, "fwd")
     if NT > 0:
         add_contained(plan, parallel_attn_fwd_kernel, NT * s.B * s.HQ,
-                      dict(args, o=o, o_lo=o_lo, lse=lse, g_cumsum=gc, sink_bias=sink))
+                      dict(args, o=o, o_lo=o_lo, lse=lse, lse_out=lse_user, g_cumsum=gc, sink_bias=sink))
 
 
-def add_dq(plan: Plan, s, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str) -> int:
+def add_dq(plan: Plan, s, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str,
+           dlse: Optional[Ref] = None) -> int:
     """dq in q's dtype, and delta `[HQ, B * T]` fp32 for the dK/dV kernel, in one launch (two with containment).
     `delta_mode` (a key of `config.DELTA_MODES`, `dispatch.Route.delta`) says how delta (rowsum(o * dO), from the
     rounded o) is computed and treated:
@@ -195,7 +199,8 @@ def add_dq(plan: Plan, s, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_
       stores the query side of dgc into `dgc_q` (see `inner.dkv_one_head`);
     - "exact": a first loop over the keys computes rowsum(P * dP) (two of dQ's three products), then dq uses it.
     With a sink it also stores "dsink_partial" `[HQ, partials]` fp32 for the dK/dV kernel, which sums them into
-    dsink. Returns the number of partials per head.
+    dsink. `dlse`: the gradient of the user's lse (`return_lse`), which every delta here subtracts. Returns the
+    number of partials per head.
     """
     dq = plan.empty("dq", (s.B, s.T - s.Q0, s.HQ, s.K), s.dtype)
     delta = plan.empty("delta", (s.HQ, s.B * s.T), _F32)
@@ -205,7 +210,7 @@ def add_dq(plan: Plan, s, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_
     partial = plan.empty("dsink_partial", (s.HQ, NT * s.B), _F32) if sink else None
     if NT > 0:
         add_contained(plan, parallel_attn_bwd_kernel_dq, NT * s.B * s.HQ, dict(
-            args, o=Ref("o"), do=Ref("do"), dq=dq, dgc_q=dgc_q, lse=Ref("lse"), delta=delta, g_cumsum=gc,
+            args, o=Ref("o"), do=Ref("do"), dq=dq, dgc_q=dgc_q, lse=Ref("lse"), dlse=dlse, delta=delta, g_cumsum=gc,
             sink_bias=Ref("sink_bias") if sink else None, dsink_partial=partial, REFINE_DELTA=mode.refine,
             EXACT_DELTA=mode.exact))
     return NT * s.B
@@ -302,25 +307,25 @@ def add_gate_grad_by_band(plan: Plan, dgk_part: Ref, dgc_q: Ref, dg: Ref, s, hea
                 HQ=s.HQ, BR=BR, BP=max(1, min(16, 8192 // BR)), **heads_of, num_warps=8 if BR >= 1024 else 4)
 
 
-def add_sink_grad(plan: Plan, s, delta, sink_part, NP: int) -> None:
+def add_sink_grad(plan: Plan, s, delta, sink_part, NP: int, dlse: Optional[Ref]) -> None:
     """"dsink" `[HQ]` in sink_bias's dtype (`sink_grad_kernel`, one program a query head) from lse, delta and the
     dK/dV kernels' partial sums `sink_part` `[HQ, NP]`; zeros where no query row exists (the gradient of a
-    sink that no token saw)."""
+    sink that no token saw); with `dlse` (`return_lse`), its gradient through the user's lse too."""
     NTOK = s.B * s.T
     if NTOK == 0:
         plan.apply("dsink", torch.zeros_like, Ref("sink_bias"))
         return
-    plan.launch(sink_grad_kernel, (s.HQ,), lse=Ref("lse"), delta=delta, sink_bias=Ref("sink_bias"),
-                sink_part=sink_part, dsink=plan.empty("dsink", (s.HQ,), s.sink_dtype), NTOK=NTOK, NP=NP,
+    plan.launch(sink_grad_kernel, (s.HQ,), lse=Ref("lse"), delta=delta, dlse=dlse, sink_bias=Ref("sink_bias"),
+                sink_part=sink_part, dsink=plan.empty("dsink", (s.HQ,), s.sink_dtype), NTOK=NTOK, NP=NP, HQ=s.HQ,
                 BN=min(1024, next_power_of_2(NTOK)), BP=min(1024, next_power_of_2(NP)))
 
 
-def add_five_product(plan: Plan, s, route) -> None:
+def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None) -> None:
     """The five-product backward of `route` (`dispatch.Route` with `five`): delta, then per chunk of query heads its
     dK/dV + dS launches (`route.heads_per_launch` heads of each share a launch) and its dQ-from-dS launch; with a
     split, the shares' fp32 dK/dV partials summed last (`add_group_sum`). Buffers: "dq", "delta", "ds" (the chunk's
     tiles, reused by every chunk), and two fp32 dK/dV sum buffers when there are several launches (ping-pong: a
-    FIXUP launch re-reads the sums its FLAG launch started from)."""
+    FIXUP launch re-reads the sums its FLAG launch started from). `dlse` as in `add_dq`: delta subtracts it."""
     G = s.HQ // s.H
     split, chunk, hopper, dk_from_ds = route.five
     cfg = tile_config("dkv_ds", max(s.K, s.V), s.dtype)
@@ -334,7 +339,7 @@ def add_five_product(plan: Plan, s, route) -> None:
     gated = s.g_dtype is not None
     if R:
         plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if route.delta == "o+o_lo" else None,
-                    do=Ref("do"), delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
+                    do=Ref("do"), dlse=dlse, delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
     # With a sink: each head's fp32 sums of p_sink * dS, a (batch, key tile) each (`_dkv_heads`).
     sink_tiles = s.B * cdiv(s.T, BT)
     sink_part = plan.empty("sink_part", (s.HQ, sink_tiles), torch.float32) if s.sink_dtype is not None else None
@@ -396,7 +401,7 @@ def add_five_product(plan: Plan, s, route) -> None:
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
     if sink_part is not None:
-        add_sink_grad(plan, s, delta, sink_part, sink_tiles)
+        add_sink_grad(plan, s, delta, sink_part, sink_tiles, dlse)
     if gated and not by_band:
         add_gate_grad(plan, dgc_q, dgc_k, None, s.B, s.B, s.T, s.HQ, s.g_dtype)
 
@@ -405,59 +410,64 @@ def add_five_product(plan: Plan, s, route) -> None:
 # A whole forward, a whole backward
 # ----------------------------------------------------------------------------------------------------------------
 
-def _build_forward(s: Shape, tiles: Optional[VarlenTiles], exact_o: bool) -> Plan:
+def _build_forward(s: Shape, tiles: Optional[VarlenTiles], exact_o: bool, lse_out: bool = False) -> Plan:
     plan = new_plan(s, dispatch.contain_inline(s, s.containment))
     cu = Ref("cu_seqlens") if tiles is not None else None
     gc = None
     if s.g_dtype is not None:
         gc = add_gate_cumsum(plan, Ref("g"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, (s.HQ, 1))
-    add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None, exact_o)
+    add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None, exact_o, lse_out)
     return finish(plan)
 
 
-def _build_exact_o_forward(call: Call, k: dispatch.Knobs) -> Plan:
+def _build_exact_o_forward(call: Call, k: dispatch.Knobs, lse_out: bool) -> Plan:
     """The forward's plan of a call that may need o_lo (`dispatch.needs_exact_o`), with o_lo where its backward under
     settings `k` takes five products."""
-    return _build_forward(call.shape, call.tiles, dispatch.needs_o_lo(call, k))
+    return _build_forward(call.shape, call.tiles, dispatch.needs_o_lo(call, k), lse_out)
 
 
-def _forward_plan(call: Call, may_need_o_lo: bool) -> Plan:
+def _forward_plan(call: Call, may_need_o_lo: bool, lse_out: bool = False) -> Plan:
     """The forward's plan; `may_need_o_lo`: a call with a gate (or a sink on short rows) whose backward may follow,
     which makes o_lo where that backward would take five products (`dispatch.needs_o_lo`), so its key holds the
-    settings."""
+    settings. `lse_out`: it also makes the user's lse (`return_lse`)."""
     if not may_need_o_lo:
-        return _plan((call.key, False), _build_forward, call.shape, call.tiles, False)
+        return _plan((call.key, False, lse_out), _build_forward, call.shape, call.tiles, False, lse_out)
     k = dispatch.knobs()
-    return _plan(("fwd", call.key, k), _build_exact_o_forward, call, k)
+    return _plan(("fwd", call.key, k, lse_out), _build_exact_o_forward, call, k, lse_out)
 
 
-def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False):
+def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False,
+            return_lse: bool = False):
     """(o, lse, the gate's cumsum gc times log2 e or None, o's rounding residual o_lo or None, the `Call` for the
-    backward), for validated contiguous inputs. `window_size` 0 means full causal. `for_backward`: a backward may
-    follow, so make o_lo where it would need it (`dispatch.needs_o_lo`: a call with a gate, or a sink on short rows,
-    that takes five products)."""
+    backward, the user's lse or None), for validated contiguous inputs. `window_size` 0 means full causal.
+    `for_backward`: a backward may follow, so make o_lo where it would need it (`dispatch.needs_o_lo`: a call with a
+    gate, or a sink on short rows, that takes five products). `return_lse`: also the user's lse `[B, T, HQ]` fp32,
+    natural log, the sink included (the kernels' own lse is base 2 and head-major)."""
     call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-    plan = _forward_plan(call, for_backward and dispatch.needs_exact_o(call.shape))  # the others never need o_lo
+    plan = _forward_plan(call, for_backward and dispatch.needs_exact_o(call.shape),  # the others never need o_lo
+                         return_lse)
     env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens), call.tiles)
-    o, o_lo = env["o"], env.get("o_lo")
+    o, o_lo, lse_out = env["o"], env.get("o_lo"), env.get("lse_out")
     if call.packed_as_dense:  # the dense batch's o in the packed call's shape (the same memory; lse, gc: [HQ, B * T])
         o = o.view(*q.shape[:-1], v.shape[-1])
         o_lo = o_lo.view(o.shape) if o_lo is not None else None
-    return o, env["lse"], env.get("gc"), o_lo, call
+        lse_out = lse_out.view(q.shape[:-1]) if lse_out is not None else None
+    return o, env["lse"], env.get("gc"), o_lo, call, lse_out
 
 
-def _build_backward(s: Shape, tiles: Optional[VarlenTiles], route: dispatch.Route) -> Plan:
-    """The backward's plan, from its route alone."""
+def _build_backward(s: Shape, tiles: Optional[VarlenTiles], route: dispatch.Route, with_dlse: bool = False) -> Plan:
+    """The backward's plan, from its route alone; `with_dlse`: the user's lse has a gradient ("dlse")."""
     plan = new_plan(s, route.containment == "inline")
     plan.route = route  # the dispatch's decision, which the plan's key does not hold
+    dlse = Ref("dlse") if with_dlse else None
     if route.five is not None:
-        add_five_product(plan, s, route)
+        add_five_product(plan, s, route, dlse)
         return finish(plan)
     gc = Ref("gc") if s.g_dtype is not None else None
     # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its key
     # side, and the reverse cumsum adds them.
     dgc_q = plan.empty("dgc_q", (s.HQ, s.B * s.T), _F32) if gc is not None else None
-    partials = add_dq(plan, s, tiles, gc, dgc_q, route.delta)
+    partials = add_dq(plan, s, tiles, gc, dgc_q, route.delta, dlse)
     add_dkv(plan, s, tiles, gc, route.dkv, route.dkv_tiles, partials)
     if gc is not None:
         cu = Ref("cu_seqlens") if tiles is not None else None
@@ -465,30 +475,33 @@ def _build_backward(s: Shape, tiles: Optional[VarlenTiles], route: dispatch.Rout
     return finish(plan)
 
 
-def _build_routed_backward(call: Call, k: dispatch.Knobs, aligned_qkv_do: bool, exact_o: bool) -> Plan:
+def _build_routed_backward(call: Call, k: dispatch.Knobs, aligned_qkv_do: bool, exact_o: bool,
+                           with_dlse: bool) -> Plan:
     # The plan's Shape keeps the forward's containment setting, which only keys plans: the route reads the
     # setting of the backward (`k`; it may change between a forward and its backward, and the key has it).
-    return _build_backward(call.shape, call.tiles, dispatch.route(call, k, aligned_qkv_do, exact_o))
+    return _build_backward(call.shape, call.tiles, dispatch.route(call, k, aligned_qkv_do, exact_o), with_dlse)
 
 
-def _backward_plan(call: Call, do_aligned: bool, exact_o: bool) -> Plan:
-    """The plan of a backward of `call` (q, k, v and dO 16-byte aligned or not, the forward's o_lo or not), keyed on
-    the settings now (`dispatch.knobs`). `plan.route` is the route it was built from."""
+def _backward_plan(call: Call, do_aligned: bool, exact_o: bool, with_dlse: bool = False) -> Plan:
+    """The plan of a backward of `call` (q, k, v and dO 16-byte aligned or not, the forward's o_lo or not, a
+    gradient of the user's lse or not), keyed on the settings now (`dispatch.knobs`). `plan.route` is the route it
+    was built from."""
     k = dispatch.knobs()
-    return _plan(("bwd", call.key, do_aligned, exact_o, k), _build_routed_backward, call, k,
-                 call.qkv_aligned and do_aligned, exact_o)
+    return _plan(("bwd", call.key, do_aligned, exact_o, with_dlse, k), _build_routed_backward, call, k,
+                 call.qkv_aligned and do_aligned, exact_o, with_dlse)
 
 
 def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,
-             call: Optional[Call] = None, o_lo: Optional[torch.Tensor] = None):
+             call: Optional[Call] = None, o_lo: Optional[torch.Tensor] = None, dlse: Optional[torch.Tensor] = None):
     """(dq, dk, dv, dg or None, dsink or None): dg and dsink in g's and sink_bias's dtypes. `call` is the forward's
     (`forward` returns it); without it (the custom-op path) it is made again from the inputs. `o_lo`: the forward's
-    (None where it made none; a gated call then takes seven products)."""
+    (None where it made none; a gated call then takes seven products). `dlse`: the gradient of the user's lse
+    (`return_lse`), contiguous fp32 `[B, T, HQ]`, or None."""
     if call is None:
         call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size)
-    plan = _backward_plan(call, aligned(do), o_lo is not None)
+    plan = _backward_plan(call, aligned(do), o_lo is not None, dlse is not None)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, o_lo=o_lo, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
-                          cu_seqlens=cu_seqlens), call.tiles)
+                          cu_seqlens=cu_seqlens, dlse=dlse), call.tiles)
     dq, dk, dv, dg = env["dq"], env["dk"], env["dv"], env.get("dg")
     if call.packed_as_dense:
         dq, dk, dv = dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)

@@ -16,7 +16,8 @@ def naive_parallel_attn(
     *,
     g: Optional[torch.Tensor] = None,
     sink_bias: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+):
     """Causal attention computed in fp32 on one batch of equal-length sequences (no packing).
 
     Args:
@@ -28,8 +29,11 @@ def naive_parallel_attn(
         g: `[B, T, HQ]` log forget gate; score(i, j) += gc_i - gc_j with gc the cumulative sum of g over T.
         sink_bias: `[HQ]`; one extra logit per head in the softmax denominator only.
 
+        return_lse: also return lse.
+
     Returns:
-        o: `[B, T, HQ, V]` in fp32. Differentiable with respect to every tensor argument.
+        o: `[B, T, HQ, V]` in fp32, or with `return_lse` (o, lse), lse `[B, T, HQ]` fp32: the natural log of each
+        row's softmax denominator (visible keys and the sink). Differentiable with respect to every tensor argument.
     """
     B, T, HQ, K = q.shape
     H = k.shape[2]
@@ -51,7 +55,9 @@ def naive_parallel_attn(
     s = s.masked_fill(~visible, float("-inf"))
     if sink_bias is not None:
         sink = repeat(sink_bias.float(), "hq -> b hq t 1", b=B, t=T)  # one more logit per row
-        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :T]
-    else:
-        p = torch.softmax(s, dim=-1)
-    return rearrange(torch.matmul(p, vf), "b hq t v -> b t hq v")
+        s = torch.cat([s, sink], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :T]
+    o = rearrange(torch.matmul(p, vf), "b hq t v -> b t hq v")
+    if not return_lse:
+        return o
+    return o, rearrange(torch.logsumexp(s, dim=-1), "b hq t -> b t hq")

@@ -38,6 +38,8 @@ from fla_bwd.ops.attn.inner import (
 )
 from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
 
+LN2 = tl.constexpr(0.6931471805599453)  # base-2 lse times ln 2: the user's natural-log lse
+
 _HEURISTICS = {
     "USE_G": lambda args: args["g_cumsum"] is not None,
     "USE_SINK": lambda args: args["sink_bias"] is not None,
@@ -46,8 +48,11 @@ _HEURISTICS = {
     # position is a query, and the kernels compile to exactly what they were before tail queries existed.
     "TAIL_Q": lambda args: args["Q0"] is not None,
 }
-# The forward also stores o's rounding residual (EXACT_O) where it is given a buffer for it.
-_FWD_HEURISTICS = dict(_HEURISTICS, EXACT_O=lambda args: args["o_lo"] is not None)
+# The forward also stores o's rounding residual (EXACT_O) and the user's lse (LSE_OUT) where given buffers for them.
+_FWD_HEURISTICS = dict(_HEURISTICS, EXACT_O=lambda args: args["o_lo"] is not None,
+                       LSE_OUT=lambda args: args["lse_out"] is not None)
+# The dQ kernel subtracts the gradient of the user's lse from delta (USE_DLSE) where given it (`return_lse`).
+_DQ_HEURISTICS = dict(_HEURISTICS, USE_DLSE=lambda args: args["dlse"] is not None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -86,15 +91,17 @@ def _o_tile(base, qbos, i_hq, o_t, o_v, HQ: tl.constexpr, V: tl.constexpr):
 @triton.heuristics(_FWD_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_fwd_kernel(
-    q, k, v, o, o_lo, lse, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B, Q0,
+    q, k, v, o, o_lo, lse, lse_out, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, EXACT_O: tl.constexpr,
+    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, EXACT_O: tl.constexpr, LSE_OUT: tl.constexpr,
 ):
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
     input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: also o_lo (o's shape, int8),
-    how far the fp32 o is from o rounded (`inner.o_lo_encode`): o and o_lo give the fp32 o to 2**-16 of |o|."""
+    how far the fp32 o is from o rounded (`inner.o_lo_encode`): o and o_lo give the fp32 o to 2**-16 of |o|.
+    LSE_OUT: also the user's lse (`return_lse`): natural log, token-major `[B * T, HQ]` fp32."""
+    tl.static_assert(not (LSE_OUT and TAIL_Q), "tail queries return no lse")
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
@@ -140,45 +147,55 @@ def parallel_attn_fwd_kernel(
     if EXACT_O:
         tl.store(_o_tile(o_lo, qbos, i_hq, o_t, o_v, HQ=HQ, V=V), o_lo_encode(b_o, b_or),
                  mask=m_t[:, None] & (o_v[None, :] < V))
-    tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
+    b_lse = b_m + tl.log2(b_l)
+    tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_lse, mask=m_t)
+    if LSE_OUT:
+        tl.store(lse_out + (bos + o_t) * HQ + i_hq, b_lse * LN2, mask=m_t)
 
 
 @triton.jit
 def _dq_rows(
-    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+    b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
-    SAFE: tl.constexpr,
+    SAFE: tl.constexpr, USE_DLSE: tl.constexpr,
 ):
     """The dQ kernel's loops for its tile: (dq unscaled, the delta to store for the dK/dV kernel, and the
     off-diagonal row sums of P * dP and P that the query side of dgc needs; see `dq_block`). b_delta is
-    rowsum(o * dO): dq uses it unless EXACT_DELTA, where a first loop computes rowsum(P * dP) (two of the three
-    products) for dq and the dK/dV kernel alike; REFINE_DELTA stores rowsum(P * dP) for the dK/dV kernel only."""
+    rowsum(o * dO) (minus b_dlse with USE_DLSE): dq uses it unless EXACT_DELTA, where a first loop computes
+    rowsum(P * dP) (two of the three products) for dq and the dK/dV kernel alike; REFINE_DELTA stores rowsum(P * dP)
+    for the dK/dV kernel only. USE_DLSE: every delta is less b_dlse, the gradient of the natural lse (`return_lse`):
+    lse's gradient in score s_ij is P_ij, so dS_ij = P_ij * (dP_ij - delta_i + dlse_i)."""
     if EXACT_DELTA:
         _, b_delta, b_off_pdp, b_off_p = dq_tile(
             b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=True, DOT_PREC=DOT_PREC, USE_G=USE_G,
             COMPUTE_DQ=False, SAFE=SAFE)
+        if USE_DLSE:
+            b_delta -= b_dlse
     b_dq, b_pdp, b_off_pdp2, b_off_p2 = dq_tile(
         b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, DOT_PREC=DOT_PREC, USE_G=USE_G,
         COMPUTE_DQ=True, SAFE=SAFE)
     if REFINE_DELTA:
         b_delta, b_off_pdp, b_off_p = b_pdp, b_off_pdp2, b_off_p2
+        if USE_DLSE:
+            b_delta -= b_dlse
     elif not EXACT_DELTA:
         b_off_pdp, b_off_p = b_off_pdp2, b_off_p2  # zeros: no row sums without REFINE_DELTA
     return b_dq, b_delta, b_off_pdp, b_off_p
 
 
-@triton.heuristics(_HEURISTICS)
+@triton.heuristics(_DQ_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
-    q, k, v, o, do, dq, dgc_q, lse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens, chunk_indices,
+    q, k, v, o, do, dq, dgc_q, lse, dlse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens, chunk_indices,
     scale, T, W, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr,
     EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
+    USE_DLSE: tl.constexpr,
 ):
     """dQ for one query tile of one query head, over the same key ranges as the forward, and delta for the dK/dV
     kernel (`host.add_dq` says which delta). By default it computes delta = rowsum(o * dO) of its rows and stores
@@ -187,8 +204,11 @@ def parallel_attn_bwd_kernel_dq(
     kernel), and with gates it stores the query side of dgc (see `dkv_one_head`). With EXACT_DELTA it computes
     rowsum(P * dP) in a first loop over the keys and uses that for dq too (`_dq_rows`). With a sink it stores its
     rows' share of dsink = -sum_i p_sink_i * delta_i into `dsink_partial` `[HQ, programs // HQ]` (summed in a fixed
-    order by the dK/dV kernel, `_sum_dsink`). CONTAIN as in the forward kernel."""
+    order by the dK/dV kernel, `_sum_dsink`). CONTAIN as in the forward kernel. USE_DLSE: the user's lse has a
+    gradient `dlse` (`[B * T, HQ]` fp32, natural log), which every delta here subtracts (`_dq_rows`), so that the
+    kernels after this one need nothing else for it."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
+    tl.static_assert(not (USE_DLSE and TAIL_Q), "tail queries take no lse gradient")
     tl.static_assert(not (REFINE_DELTA and EXACT_DELTA), "one way of computing delta")
     # Whether the delta stored for the dK/dV kernel comes out of the loops (rowsum(P * dP)), not from o and dO.
     LOOP_DELTA: tl.constexpr = REFINE_DELTA or EXACT_DELTA
@@ -214,10 +234,15 @@ def parallel_attn_bwd_kernel_dq(
     # [BT, BV]
     b_do = tl.load(do + p_o, mask=m_o, other=0)
     b_lse = tl.load(lse + row_base + o_t, mask=m_t, other=float("inf"))
+    b_dlse = 0.0
+    if USE_DLSE:
+        b_dlse = tl.load(dlse + (bos + o_t) * HQ + i_hq, mask=m_t, other=0)
     if EXACT_DELTA:
         b_delta = tl.zeros([BT], dtype=tl.float32)  # not read: the first loop of `_dq_rows` computes it
     else:
         b_delta = tl.sum(tl.load(o + p_o, mask=m_o, other=0).to(tl.float32) * b_do.to(tl.float32), 1)
+        if USE_DLSE:
+            b_delta -= b_dlse
         if not LOOP_DELTA:
             # Stored now: kept live across the loops for a store and a check after them, it spilled the fp32
             # kernel's loops (dq 6.6% slower on the H100).
@@ -227,9 +252,9 @@ def parallel_attn_bwd_kernel_dq(
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
     qk_scale = scale * LOG2E
     b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
-        b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
+        b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA, DOT_PREC=DOT_PREC,
-        USE_G=USE_G, SAFE=CONTAIN == FIXUP)
+        USE_G=USE_G, SAFE=CONTAIN == FIXUP, USE_DLSE=USE_DLSE)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dq)
         if LOOP_DELTA:  # the row sums the loops computed (a SAFE pass gives o * dO's the same)
@@ -237,9 +262,9 @@ def parallel_attn_bwd_kernel_dq(
         if CONTAIN == INLINE:
             if bad:
                 b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
-                    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-                    K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA,
-                    DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=True)
+                    b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K,
+                    H * V, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA,
+                    DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=True, USE_DLSE=USE_DLSE)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
@@ -549,8 +574,9 @@ def parallel_attn(
     chunk_indices: Optional[torch.Tensor] = None,
     *,
     sink_bias: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
     **kwargs,
-) -> torch.Tensor:
+):
     """Causal softmax attention with GQA, forget gates, a sliding window, attention sinks and packed sequences.
 
     Args:
@@ -570,9 +596,13 @@ def parallel_attn(
             and checked for FLA's calls, not read (this package tiles from `cu_seqlens` itself).
         sink_bias: optional `[HQ]` attention-sink logits (GPT-OSS): one extra logit per query head in the softmax
             denominator only; fp16, bf16, fp32 or fp64. Its gradient is computed in fp32, returned in sink_bias's dtype.
+        return_lse: also return lse (keyword only).
 
     Returns:
-        o: `[B, T, HQ, V]` in q's dtype. Differentiable with respect to q, k, v, g and sink_bias; gradients come
+        o: `[B, T, HQ, V]` in q's dtype; with `return_lse`, the pair (o, lse), lse `[B, T, HQ]` fp32: the natural log
+        of each row's softmax denominator, over its visible keys (scores scale * q.k, plus gc_i - gc_j with a gate)
+        and the sink. lse is differentiable too: a loss that uses it gets its gradient in q, k, g and sink_bias (v's does not
+        depend on it). Differentiable with respect to q, k, v, g and sink_bias; gradients come
         back in each input's dtype. The backward is deterministic (bitwise identical run to run). A NaN or Inf
         in an input reaches only the outputs and gradients that depend on it; everything else is bitwise what it
         would be without it (`tests/ops/test_attn_nan.py`).
@@ -587,9 +617,9 @@ def parallel_attn(
     prints that route and why. `dkv_path(...)`/FLA_BWD_DKV_PATH force the dK/dV kernel, `dq_path(...)`/
     FLA_BWD_DQ_PATH seven products ("recompute") or five ("from-ds", scratch bounded by FLA_BWD_DS_BUDGET_MIB).
     """
-    check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices, kwargs)
+    check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices, kwargs, return_lse)
     if window_size == 0:  # FLA's meaning: no key visible, the sink (required) takes all the mass
-        return NoKeyVisible.apply(q, k, v, g, sink_bias)
+        return NoKeyVisible.apply(q, k, v, g, sink_bias, return_lse)
     if q.is_cuda and torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
         # Under autocast, attention runs in the autocast dtype; the casts are differentiable, so the gradients
         # come back in the inputs' (fp32) dtypes.
@@ -600,9 +630,10 @@ def parallel_attn(
     sink_bias = sink_bias.contiguous() if sink_bias is not None else None  # the kernels cast it to fp32 on load
     # The kernels read cu_seqlens with unit stride.
     cu_seqlens = cu_seqlens.contiguous() if cu_seqlens is not None else None
-    args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), window_size or 0)
+    args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), window_size or 0, return_lse)
     if torch.compiler.is_compiling():
-        return parallel_attn_fwd_op(*args)[0]
+        o, _, _, lse = parallel_attn_fwd_op(*args)
+        return (o, lse) if return_lse else o
     return EagerParallelAttn.apply(*args)
 
 

@@ -16,18 +16,22 @@ def parallel_forgetting_attn(
     scale: Optional[float] = None,
     window_size: Optional[int] = None,
     cu_seqlens: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+    *,
+    return_lse: bool = False,
+):
     """Forgetting attention (Lin et al., 2025): score(i, j) = scale * q_i . k_j + sum_{t = j + 1}^{i} g_t.
 
     Args:
         q: `[B, T, HQ, K]`; k: `[B, T, H, K]`; v: `[B, T, H, V]` (HQ a multiple of H).
         g: `[B, T, HQ]` log forget gate (e.g. `F.logsigmoid` of a projection), required.
-        scale, window_size, cu_seqlens: as in `fla_bwd.ops.attn.parallel_attn`.
+        scale, window_size, cu_seqlens, return_lse: as in `fla_bwd.ops.attn.parallel_attn`.
 
     Returns:
-        o: `[B, T, HQ, V]` in q's dtype; differentiable with respect to q, k, v and g.
+        o: `[B, T, HQ, V]` in q's dtype (with `return_lse`, (o, lse) as `parallel_attn`'s); differentiable with
+        respect to q, k, v and g.
     """
     if g is None:
         raise ValueError("g (the [B, T, HQ] log forget gate) is required for forgetting attention; "
                          "use fla_bwd.ops.attn.parallel_attn for ungated attention")
-    return parallel_attn(q, k, v, g=g, scale=scale, window_size=window_size, cu_seqlens=cu_seqlens)
+    return parallel_attn(q, k, v, g=g, scale=scale, window_size=window_size, cu_seqlens=cu_seqlens,
+                         return_lse=return_lse)

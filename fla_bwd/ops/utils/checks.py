@@ -193,7 +193,7 @@ def check_fla_kwargs(kwargs: dict) -> None:
     names = ", ".join(sorted(kwargs))
     raise TypeError(f"parallel_attn got unexpected keyword argument(s) {names}: FLA's parallel_attn ignores unknown "
                     f"keywords, this one refuses them; its arguments are q, k, v, g, scale, window_size, "
-                    f"cu_seqlens, chunk_indices and sink_bias")
+                    f"cu_seqlens, chunk_indices, sink_bias and return_lse")
 
 
 def check_chunk_indices(chunk_indices, device: torch.device) -> None:
@@ -212,11 +212,13 @@ def check_chunk_indices(chunk_indices, device: torch.device) -> None:
 
 
 def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices=None,
-                      kwargs=None) -> None:
+                      kwargs=None, return_lse=False) -> None:
     """Validate `parallel_attn`'s arguments (see its docstring for the shapes); `chunk_indices` and `kwargs` (the
     extra keywords) are FLA's (`check_chunk_indices`, `check_fla_kwargs`)."""
     if kwargs:
         check_fla_kwargs(kwargs)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool (True: return (o, lse)), got {type(return_lse).__name__}")
     _tensor("q", q, 4)
     _tensor("k", k, 4)
     _tensor("v", v, 4)
