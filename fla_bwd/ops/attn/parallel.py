@@ -189,8 +189,8 @@ def _dq_rows(
 @triton.heuristics(_DQ_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
-    q, k, v, o, do, dq, dgc_q, lse, dlse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens, chunk_indices,
-    scale, T, W, NTOK, B, Q0,
+    q, k, v, o, do, dq, dgc_q, lse, dlse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens,
+    chunk_indices, scale, T, W, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr,
@@ -601,8 +601,8 @@ def parallel_attn(
     Returns:
         o: `[B, T, HQ, V]` in q's dtype; with `return_lse`, the pair (o, lse), lse `[B, T, HQ]` fp32: the natural log
         of each row's softmax denominator, over its visible keys (scores scale * q.k, plus gc_i - gc_j with a gate)
-        and the sink. lse is differentiable too: a loss that uses it gets its gradient in q, k, g and sink_bias (v's does not
-        depend on it). Differentiable with respect to q, k, v, g and sink_bias; gradients come
+        and the sink. lse is differentiable too: a loss that uses it gets its gradient in q, k, g and sink_bias
+        (v's does not depend on it). Differentiable with respect to q, k, v, g and sink_bias; gradients come
         back in each input's dtype. The backward is deterministic (bitwise identical run to run). A NaN or Inf
         in an input reaches only the outputs and gradients that depend on it; everything else is bitwise what it
         would be without it (`tests/ops/test_attn_nan.py`).
