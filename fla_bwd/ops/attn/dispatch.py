@@ -23,7 +23,7 @@ from fla_bwd import settings
 from fla_bwd.ops.attn import config, gluon_dkv
 from fla_bwd.ops.attn.call import make_call
 from fla_bwd.ops.attn.from_ds import band_bytes, ds_layout
-from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
+from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale, resolve_softcap
 from fla_bwd.ops.utils.index import sequence_lengths, varlen_tiles
 from fla_bwd.settings import dkv_path, dq_path, ds_kernel  # noqa: F401  (re-exported: the `with` blocks users type)
 from fla_bwd.utils import is_interpreter
@@ -193,6 +193,8 @@ def hopper_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
         return "it needs an sm_90 (Hopper) GPU"
     if not (s.K == s.V == D):
         return f"it needs head dims K = V = {D}"
+    if s.softcap:
+        return "it has no softcap"
     if s.W < s.T:
         return "it runs full causal attention only (no window)"
     if s.T % BT:
@@ -301,11 +303,15 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
     G, D = s.HQ // s.H, max(s.K, s.V)
     runnable = dense and eligible(s)
     inexact = needs_exact_o(s) and not exact_o
+    # The gate's gradient sums the scores' dS; the stored tiles hold the q.k products' (times the cap's derivative).
+    capped_gate = s.softcap > 0 and s.g_dtype is not None
     if k.dq_path == "auto":
         if not dense:
             return None, "packed sequences: five products run dense calls only"
         if not runnable:
             return None, "fp32 or tail queries: five products do not run them"
+        if capped_gate:
+            return None, "softcap with a gate: its gradient needs dS of the scores, the stored tiles hold another"
         if k.dkv_path != "auto":
             return None, f"a dK/dV kernel is forced (FLA_BWD_DKV_PATH={k.dkv_path})"
         if inexact:
@@ -324,6 +330,9 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
     if not runnable:
         raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
                          "16-bit q, k, v")
+    if capped_gate:
+        raise ValueError("dq path 'from-ds' (the five-product backward) does not run softcap with a gate g: the "
+                         "gate's gradient needs dS of the capped scores, and the stored tiles hold dS of q.k")
     hopper = _hopper(s, aligned, k)
     if hopper and k.dkv_path == "auto":
         split = hopper_split(s.B, s.T, s.H, G, config.sm_count(s.device))
@@ -474,12 +483,12 @@ def tail_route(s, k: Knobs) -> Route:
 
 def select_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor] = None,
                     window_size: Optional[int] = None, cu_seqlens: Optional[torch.Tensor] = None,
-                    sink_bias: Optional[torch.Tensor] = None) -> Route:
+                    sink_bias: Optional[torch.Tensor] = None, *, softcap: Optional[float] = None) -> Route:
     """The `Route` that a backward of these inputs takes with the settings now (as an eager call: a gated forward
     stores o_lo where five products need it). `print(select_backward(q, k, v).explain())` says why."""
-    check_attn_inputs(q, k, v, g, None, window_size, cu_seqlens, sink_bias, None, {})
+    check_attn_inputs(q, k, v, g, None, window_size, cu_seqlens, sink_bias, None, {}, softcap=softcap)
     c = make_call(q, k, v, g, sink_bias, cu_seqlens, resolve_scale(None, q.shape[-1]), window_size or 0,
-                containment_knob())
+                  containment_knob(), resolve_softcap(softcap))
     now = knobs()
     return route(c, now, c.qkv_aligned, needs_o_lo(c, now))
 

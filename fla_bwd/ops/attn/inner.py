@@ -116,6 +116,47 @@ def visible(o_a, o_b, W, KEYS_FIRST: tl.constexpr = False):
 
 
 @triton.jit
+def tanh(x):
+    """tanh in fp32 from one exp2: 1 - 2 / (e^(2x) + 1), within ~1e-7 of tanh; +-1 where e^(2x) overflows or
+    vanishes, NaN for NaN."""
+    return 1 - 2 / (tl.exp2(x * (2 * LOG2E)) + 1)
+
+
+@triton.jit
+def score_scales(scale, softcap, SOFTCAP: tl.constexpr):
+    """(qk_scale, cap_in) for `scores`: (scale * log2 e, unused) or, with SOFTCAP, (softcap * log2 e,
+    scale / softcap)."""
+    qk_scale = scale * LOG2E
+    cap_in = scale
+    if SOFTCAP:
+        qk_scale = softcap * LOG2E
+        cap_in = scale / softcap
+    return qk_scale, cap_in
+
+
+@triton.jit
+def scores(b_qk, qk_scale, cap_in, SOFTCAP: tl.constexpr):
+    """(base-2 scores of the q.k products b_qk, t): qk_scale * b_qk; with SOFTCAP (`score_scales`) the capped
+    log2(e) * softcap * tanh(scale * q.k / softcap), and t that tanh, whose derivative 1 - t^2 turns a score's
+    gradient into its q.k product's (`capped`). Without SOFTCAP t is b_qk, unused."""
+    b_t = b_qk
+    if SOFTCAP:
+        b_t = tanh(b_qk * cap_in)
+        b_s = b_t * qk_scale
+    else:
+        b_s = b_qk * qk_scale
+    return b_s, b_t
+
+
+@triton.jit
+def capped(b_ds, b_t, SOFTCAP: tl.constexpr):
+    """dS of the q.k products from dS of the scores: times 1 - t^2 with SOFTCAP (`scores`), else b_ds."""
+    if SOFTCAP:
+        b_ds = b_ds * (1 - b_t * b_t)
+    return b_ds
+
+
+@triton.jit
 def row_flags(b_x):
     """Per row of b_x: 0 if every element is finite, NaN otherwise. x * 0 is exactly 0 for every finite x, so this
     sums zeros and never overflows. In fp32: the CPU interpreter keeps bf16 as raw integer bit patterns, so a bf16
@@ -230,10 +271,11 @@ def load_rows(base, o_r, T, stride, N: tl.constexpr, BN: tl.constexpr, FULL: tl.
 
 @triton.jit
 def fwd_block(
-    b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale,
+    b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in,
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One key block of the online softmax: fold keys [i_s, i_s + BS) into (b_o, b_m, b_l). With gates, b_gk is
     this block's key-side gc, loaded one block ahead (see `key_gate`); the next block's is returned. FULL: every key
@@ -246,7 +288,7 @@ def fwd_block(
     # [BS, BV]
     b_v = load_rows(v_base, o_s, T, stride_v, N=V, BN=BV, FULL=FULL)
     # [BT, BS]
-    b_s = tl.dot(b_q, b_kt, input_precision=DOT_PREC) * qk_scale
+    b_s, _ = scores(tl.dot(b_q, b_kt, input_precision=DOT_PREC), qk_scale, cap_in, SOFTCAP=SOFTCAP)
     if USE_G:
         b_s += b_gq[:, None] - b_gk[None, :]
     if MASK:
@@ -272,9 +314,9 @@ def fwd_block(
 
 @triton.jit
 def fwd_tile(
-    b_q, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+    b_q, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, cap_in, stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """The forward's key loop for the query tile [t0, t0 + BT) over the three `key_ranges`: (o unnormalised,
     running max m, running sum l). Its loads keep their row masks (FULL=False) even where the blocks are full: at
@@ -288,34 +330,38 @@ def fwd_tile(
     b_gk = key_gate(gk_base, lo, T, BS=BS, USE_G=USE_G)
     for i_s in range(lo, mid, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, stride_k, stride_v,
-            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, stride_k,
+            stride_v, K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC,
+            SAFE=SAFE, SOFTCAP=SOFTCAP)
     for i_s in range(mid, t0, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, stride_k, stride_v,
-            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, stride_k,
+            stride_v, K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=False, DOT_PREC=DOT_PREC,
+            SAFE=SAFE, SOFTCAP=SOFTCAP)
     for i_s in range(t0, end, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, stride_k, stride_v,
-            K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE)
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, stride_k,
+            stride_v, K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC,
+            SAFE=SAFE, SOFTCAP=SOFTCAP)
     return b_o, b_m, b_l
 
 
 @triton.jit
 def dq_block(
     b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W,
-    qk_scale,
+    qk_scale, cap_in,
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr,
-    USE_G: tl.constexpr, COMPUTE_DQ: tl.constexpr, SAFE: tl.constexpr,
+    USE_G: tl.constexpr, COMPUTE_DQ: tl.constexpr, SAFE: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """dQ contribution of keys [i_s, i_s + BS): dq += dS @ K, dS = P * (dO @ V^T - delta). Unscaled.
     With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see the dQ kernel);
     dS = P * dP - P * delta shares that product, so the refinement costs one row sum. Without COMPUTE_DQ only
     b_pdp is accumulated (two of the three products). With REFINE_DELTA and gates it also accumulates, over the
     keys other than the query itself, b_off_pdp += rowsum(P * dP) and b_off_p += rowsum(P) (see `dkv_one_head`).
-    b_gk as in `fwd_block`."""
+    b_gk as in `fwd_block`. SOFTCAP: the row sums are of the scores' dS, dq's product takes the q.k products'
+    (`capped`)."""
     b_gk_next = key_gate(gk_base, i_s + BS, T, BS=BS, USE_G=USE_G)
     o_s = i_s + tl.arange(0, BS)
     # [BS, BK]
@@ -323,7 +369,7 @@ def dq_block(
     # [BS, BV]
     b_v = load_rows(v_base, o_s, T, stride_v, N=V, BN=BV, FULL=FULL)
     # [BT, BS]
-    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
+    b_s, b_t = scores(tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC), qk_scale, cap_in, SOFTCAP=SOFTCAP)
     if USE_G:
         b_s += b_gq[:, None] - b_gk[None, :]
     b_p = tl.exp2(b_s - b_lse[:, None])
@@ -338,6 +384,8 @@ def dq_block(
         b_p = tl.where(m_vis, b_p, 0)
         b_dp = tl.where(m_vis, b_dp, 0)
         b_k, _ = finite_rows(b_k)
+        if SOFTCAP:  # t of a non-finite q or k is NaN: keep it out of the masked zeros
+            b_t = tl.where(m_vis, b_t, 0)
     if REFINE_DELTA:
         b_pdp_tile = b_p * b_dp
         b_pdp_row = tl.sum(b_pdp_tile, 1)
@@ -351,18 +399,20 @@ def dq_block(
                 b_off_pdp += b_pdp_row
                 b_off_p += tl.sum(b_p, 1)
         if COMPUTE_DQ:
-            b_dq += tl.dot((b_pdp_tile - b_p * b_delta[:, None]).to(b_k.dtype), b_k, input_precision=DOT_PREC)
+            b_ds = capped(b_pdp_tile - b_p * b_delta[:, None], b_t, SOFTCAP=SOFTCAP)
+            b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
     else:
-        b_dq += tl.dot((b_p * (b_dp - b_delta[:, None])).to(b_k.dtype), b_k, input_precision=DOT_PREC)
+        b_ds = capped(b_p * (b_dp - b_delta[:, None]), b_t, SOFTCAP=SOFTCAP)
+        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC)
     return b_dq, b_pdp, b_off_pdp, b_off_p, b_gk_next
 
 
 @triton.jit
 def dq_tile(
-    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, cap_in, stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr, COMPUTE_DQ: tl.constexpr,
-    SAFE: tl.constexpr,
+    SAFE: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """dQ's key loop for the query tile [t0, t0 + BT), over the forward's key ranges: (dq unscaled, and the row
     sums of `dq_block`)."""
@@ -376,21 +426,21 @@ def dq_tile(
     for i_s in range(lo, mid, BS):
         b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
             b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s,
-            T, W, qk_scale, stride_k, stride_v,
+            T, W, qk_scale, cap_in, stride_k, stride_v,
             K=K, V=V, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, MASK=True, FULL=True, DOT_PREC=DOT_PREC,
-            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE)
+            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE, SOFTCAP=SOFTCAP)
     for i_s in range(mid, t0, BS):
         b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
             b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s,
-            T, W, qk_scale, stride_k, stride_v,
+            T, W, qk_scale, cap_in, stride_k, stride_v,
             K=K, V=V, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, MASK=False, FULL=True, DOT_PREC=DOT_PREC,
-            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE)
+            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE, SOFTCAP=SOFTCAP)
     for i_s in range(t0, end, BS):
         b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
             b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s,
-            T, W, qk_scale, stride_k, stride_v,
+            T, W, qk_scale, cap_in, stride_k, stride_v,
             K=K, V=V, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, MASK=True, FULL=False, DOT_PREC=DOT_PREC,
-            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE)
+            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE, SOFTCAP=SOFTCAP)
     return b_dq, b_pdp, b_off_pdp, b_off_p
 
 
@@ -411,10 +461,10 @@ def query_rows(lse_base, delta_base, gq_base, i_t, T, BS: tl.constexpr, USE_G: t
 @triton.jit
 def dkv_block(
     b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base, ds,
-    ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
+    ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, stride_q, stride_do, sink2,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
-    STORE_DS: tl.constexpr, SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr,
+    STORE_DS: tl.constexpr, SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """dK/dV contribution of queries [i_t, i_t + BS) to the key tile o_s, in transposed ([keys, queries]) form.
     FULL: every query of the block exists (see `load_rows`). STORE_DS: also store the 16-bit dS^T tile that the dK
@@ -424,7 +474,8 @@ def dkv_block(
     key the fp32 sum of p_sink_i * dS_ij over the block's queries, p_sink_i = exp2(sink2 - lse_i) (`dkv_one_head`).
     DK_FROM_DS (with STORE_DS): no dK product (`from_ds.parallel_attn_bwd_kernel_dk_from_ds` reads the stored tiles);
     b_dk is then a [BT, BS] fp32 block that gathers dS^T * 0, which turns NaN where any stored dS is not finite:
-    the containment flag that dK's own NaN would otherwise raise (`any_nonfinite`).
+    the containment flag that dK's own NaN would otherwise raise (`any_nonfinite`). SOFTCAP: dK and the stored tiles
+    take the q.k products' dS (`capped`), the gate's and the sink's sums the scores'.
 
     (b_lse, b_delta, b_gq) are this block's `query_rows`, loaded one iteration ahead; the block returns the next
     block's. Triton's pipeliner stages only the tile loads that feed dots, so these small vector loads would
@@ -439,7 +490,7 @@ def dkv_block(
     # [BS, BV]
     b_do = load_rows(do_base, o_t, T, stride_do, N=V, BN=BV, FULL=FULL)
     # [BT, BS]
-    b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC) * qk_scale
+    b_st, b_tt = scores(tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC), qk_scale, cap_in, SOFTCAP=SOFTCAP)
     if USE_G:
         b_st += b_gq[None, :] - b_gk[:, None]
     b_pt = tl.exp2(b_st - b_lse[None, :])
@@ -460,22 +511,26 @@ def dkv_block(
     b_dst = b_pt * (b_dpt - b_delta[None, :])
     if MASK and SAFE:
         b_dst = tl.where(m_vis, b_dst, 0)
+    # [BT, BS] dS of the q.k products: what dK (here, or from the stored tiles) and dQ take
+    b_dsc = capped(b_dst, b_tt, SOFTCAP=SOFTCAP)
+    if SOFTCAP and MASK and SAFE:  # t of a non-finite q or k is NaN: keep it out of the masked zeros
+        b_dsc = tl.where(m_vis, b_dsc, 0)
     if STORE_DS:
         row = (ds_tile0 + ds_tile_index(i_t // BS, 0, W, BQ=BS, BT=BT)) * BT  # int64
         if STORE_DS == DS_BY_DESCRIPTOR:
-            ds.store([row.to(tl.int32), 0], b_dst.to(b_q.dtype))
+            ds.store([row.to(tl.int32), 0], b_dsc.to(b_q.dtype))
         else:
             o_r = row + tl.arange(0, BT)
-            tl.store(ds + o_r[:, None] * BS + tl.arange(0, BS)[None, :], b_dst.to(b_q.dtype))
+            tl.store(ds + o_r[:, None] * BS + tl.arange(0, BS)[None, :], b_dsc.to(b_q.dtype))
         # The next block's rows only now: the store's shared-memory fences (MEMBAR.ALL.CTA) wait for every load
         # issued before them, which would make this prefetch a round trip per block.
         b_lse_next, b_delta_next, b_gq_next = query_rows(lse_base, delta_base, gq_base, i_t + BS, T, BS=BS,
                                                          USE_G=USE_G)
     if DK_FROM_DS:
         tl.static_assert(STORE_DS != 0, "dK from dS needs the dS tiles stored")
-        b_dk += b_dst * 0
+        b_dk += b_dsc * 0
     else:
-        b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PREC)
+        b_dk += tl.dot(b_dsc.to(b_q.dtype), b_q, input_precision=DOT_PREC)
     if SINK_SUM:
         tl.static_assert(STORE_DS != 0, "the sink's sums take b_dgk, which only the dS-storing kernel leaves free")
         b_dgk += tl.sum(b_dst * tl.exp2(sink2 - b_lse)[None, :], 1)
@@ -490,10 +545,10 @@ def dkv_block(
 @triton.jit
 def dkv_one_head(
     b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dgk_base, ds, ds_tile0, s0,
-    T, W, Q0, qk_scale, stride_q, stride_do, sink2,
+    T, W, Q0, qk_scale, cap_in, stride_q, stride_do, sink2,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr,
-    SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr,
+    SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
     gradient dgc w.r.t. the gate's cumsum for the tile's tokens.
@@ -532,21 +587,21 @@ def dkv_one_head(
     for i_t in range(t_diag, diag, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
     for i_t in range(t_full, hi, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=True, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
     for i_t in range(t_mask, end, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds, ds_tile0, o_s, i_t, T, W, qk_scale, stride_q, stride_do, sink2,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
     if USE_G and not STORE_DS:
         tl.store(dgk_base + o_s, -b_dgk, mask=m_s)
     if SINK_SUM:

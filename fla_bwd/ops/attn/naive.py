@@ -16,6 +16,7 @@ def naive_parallel_attn(
     *,
     g: Optional[torch.Tensor] = None,
     sink_bias: Optional[torch.Tensor] = None,
+    softcap: Optional[float] = None,
     return_lse: bool = False,
 ):
     """Causal attention computed in fp32 on one batch of equal-length sequences (no packing).
@@ -29,6 +30,7 @@ def naive_parallel_attn(
         g: `[B, T, HQ]` log forget gate; score(i, j) += gc_i - gc_j with gc the cumulative sum of g over T.
         sink_bias: `[HQ]`; one extra logit per head in the softmax denominator only.
 
+        softcap: logits softcap * tanh(scale * q.k / softcap) before the gate's bias and the sink (None or 0: off).
         return_lse: also return lse.
 
     Returns:
@@ -45,6 +47,8 @@ def naive_parallel_attn(
     kf = repeat(k.float(), "b t h k -> b (h g) t k", g=G)
     vf = repeat(v.float(), "b t h v -> b (h g) t v", g=G)
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # [B, HQ, T(query), T(key)]
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if g is not None:
         gc = rearrange(g.float().cumsum(1), "b t hq -> b hq t")  # gc, the gate's cumsum over T
         s = s + gc[..., :, None] - gc[..., None, :]

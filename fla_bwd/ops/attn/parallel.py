@@ -35,8 +35,9 @@ from fla_bwd.ops.attn.inner import (
     key_tile,
     o_lo_encode,
     query_tile,
+    score_scales,
 )
-from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale
+from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale, resolve_softcap
 
 LN2 = tl.constexpr(0.6931471805599453)  # base-2 lse times ln 2: the user's natural-log lse
 
@@ -47,6 +48,8 @@ _HEURISTICS = {
     # Tail queries (`host.tail_forward`): q holds the last T - Q0 positions of the keys' sequence. Q0 None: every
     # position is a query, and the kernels compile to exactly what they were before tail queries existed.
     "TAIL_Q": lambda args: args["Q0"] is not None,
+    # Logit soft-capping (`softcap` > 0, `inner.scores`); 0: off, and the kernels compile as they did without it.
+    "SOFTCAP": lambda args: args["softcap"] > 0,
 }
 # The forward also stores o's rounding residual (EXACT_O) and the user's lse (LSE_OUT) where given buffers for them.
 _FWD_HEURISTICS = dict(_HEURISTICS, EXACT_O=lambda args: args["o_lo"] is not None,
@@ -91,11 +94,13 @@ def _o_tile(base, qbos, i_hq, o_t, o_v, HQ: tl.constexpr, V: tl.constexpr):
 @triton.heuristics(_FWD_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_fwd_kernel(
-    q, k, v, o, o_lo, lse, lse_out, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, T, W, NTOK, B, Q0,
+    q, k, v, o, o_lo, lse, lse_out, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, softcap, T, W,
+    NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, EXACT_O: tl.constexpr, LSE_OUT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
     input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: also o_lo (o's shape, int8),
@@ -122,15 +127,15 @@ def parallel_attn_fwd_kernel(
     b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
-    qk_scale = scale * LOG2E
+    qk_scale, cap_in = score_scales(scale, softcap, SOFTCAP=SOFTCAP)
     b_o, b_m, b_l = fwd_tile(
-        b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP)
+        b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, H * K, H * V,
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP, SOFTCAP=SOFTCAP)
     if CONTAIN == INLINE:
         if any_nonfinite(b_o):
             b_o, b_m, b_l = fwd_tile(
-                b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-                K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=True)
+                b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, H * K, H * V,
+                K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=True, SOFTCAP=SOFTCAP)
     if CONTAIN == FLAG:
         tl.store(nonfinite + tl.program_id(0), any_nonfinite(b_o).to(tl.int8))
     if USE_SINK:
@@ -155,10 +160,11 @@ def parallel_attn_fwd_kernel(
 
 @triton.jit
 def _dq_rows(
-    b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+    b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, stride_k,
+    stride_v,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
-    SAFE: tl.constexpr, USE_DLSE: tl.constexpr,
+    SAFE: tl.constexpr, USE_DLSE: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """The dQ kernel's loops for its tile: (dq unscaled, the delta to store for the dK/dV kernel, and the
     off-diagonal row sums of P * dP and P that the query side of dgc needs; see `dq_block`). b_delta is
@@ -168,15 +174,16 @@ def _dq_rows(
     lse's gradient in score s_ij is P_ij, so dS_ij = P_ij * (dP_ij - delta_i + dlse_i)."""
     if EXACT_DELTA:
         _, b_delta, b_off_pdp, b_off_p = dq_tile(
-            b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+            b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, stride_k,
+            stride_v,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=True, DOT_PREC=DOT_PREC, USE_G=USE_G,
-            COMPUTE_DQ=False, SAFE=SAFE)
+            COMPUTE_DQ=False, SAFE=SAFE, SOFTCAP=SOFTCAP)
         if USE_DLSE:
             b_delta -= b_dlse
     b_dq, b_pdp, b_off_pdp2, b_off_p2 = dq_tile(
-        b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, stride_k, stride_v,
+        b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, stride_k, stride_v,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, DOT_PREC=DOT_PREC, USE_G=USE_G,
-        COMPUTE_DQ=True, SAFE=SAFE)
+        COMPUTE_DQ=True, SAFE=SAFE, SOFTCAP=SOFTCAP)
     if REFINE_DELTA:
         b_delta, b_off_pdp, b_off_p = b_pdp, b_off_pdp2, b_off_p2
         if USE_DLSE:
@@ -190,12 +197,12 @@ def _dq_rows(
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
     q, k, v, o, do, dq, dgc_q, lse, dlse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens,
-    chunk_indices, scale, T, W, NTOK, B, Q0,
+    chunk_indices, scale, softcap, T, W, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr,
     EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
-    USE_DLSE: tl.constexpr,
+    USE_DLSE: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """dQ for one query tile of one query head, over the same key ranges as the forward, and delta for the dK/dV
     kernel (`host.add_dq` says which delta). By default it computes delta = rowsum(o * dO) of its rows and stores
@@ -250,11 +257,11 @@ def parallel_attn_bwd_kernel_dq(
     b_gq = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
-    qk_scale = scale * LOG2E
+    qk_scale, cap_in = score_scales(scale, softcap, SOFTCAP=SOFTCAP)
     b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
-        b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K, H * V,
-        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA, DOT_PREC=DOT_PREC,
-        USE_G=USE_G, SAFE=CONTAIN == FIXUP, USE_DLSE=USE_DLSE)
+        b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, H * K,
+        H * V, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA,
+        DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=CONTAIN == FIXUP, USE_DLSE=USE_DLSE, SOFTCAP=SOFTCAP)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dq)
         if LOOP_DELTA:  # the row sums the loops computed (a SAFE pass gives o * dO's the same)
@@ -262,9 +269,10 @@ def parallel_attn_bwd_kernel_dq(
         if CONTAIN == INLINE:
             if bad:
                 b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
-                    b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, H * K,
-                    H * V, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA,
-                    DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=True, USE_DLSE=USE_DLSE)
+                    b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in,
+                    H * K, H * V, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA,
+                    EXACT_DELTA=EXACT_DELTA, DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=True, USE_DLSE=USE_DLSE,
+                    SOFTCAP=SOFTCAP)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
@@ -327,11 +335,11 @@ def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr,
 @triton.jit
 def _dkv_heads(
     q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head, ds_slot0,
-    bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale,
+    bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in,
     HQ: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
     SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, SINK_SUM: tl.constexpr,
-    DK_FROM_DS: tl.constexpr,
+    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
     then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`). STORE_DS: head
@@ -374,9 +382,9 @@ def _dkv_heads(
             dgk_base = sink_part + i_hq.to(tl.int64) * (NTOK // T * NT) + bos // T * NT + s0 // BT
         b_dk, b_dv = dkv_one_head(
             b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
-            delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, HQ * K, HQ * V, sink2,
+            delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, cap_in, HQ * K, HQ * V, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
     return b_dk, b_dv
 
 
@@ -395,13 +403,14 @@ def _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ: tl.constexpr, BP: tl.cons
 
 @triton.jit
 def _dkv_tile(
-    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale, i_h,
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale,
+    softcap, i_h,
     i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0,
     HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
     STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, SINK_SUM: tl.constexpr,
-    DK_FROM_DS: tl.constexpr,
+    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
     i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the key side of dgc
@@ -409,22 +418,23 @@ def _dkv_tile(
     ACC_OUT: store the fp32 sums unscaled, for the next chunk of heads to continue. SINK_SUM: see `_dkv_heads`.
     DK_FROM_DS: dV alone (dK is `from_ds.parallel_attn_bwd_kernel_dk_from_ds`'s); dk and dk_in are not read."""
     b_k, b_v = _load_kv_tile(k, v, bos, i_h, o_s, m_s, H=H, K=K, V=V, BK=BK, BV=BV)
+    qk_scale, cap_in = score_scales(scale, softcap, SOFTCAP=SOFTCAP)
     b_dk, b_dv = _dkv_heads(
         q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head,
-        ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, scale * LOG2E,
+        ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in,
         HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
         SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
-        DK_FROM_DS=DK_FROM_DS)
+        DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
         if CONTAIN == INLINE:
             if bad:
                 b_dk, b_dv = _dkv_heads(
                     q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0,
-                    i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, scale * LOG2E,
+                    i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in,
                     HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
                     DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
-                    DK_FROM_DS=DK_FROM_DS)
+                    DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     if DK_FROM_DS:
@@ -437,9 +447,11 @@ def _dkv_tile(
 
 # The dK/dV kernels take the dQ kernel's dsink partials instead of the sink itself.
 _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
-                   "TAIL_Q": _HEURISTICS["TAIL_Q"], "USE_SINK": lambda args: args["dsink"] is not None}
+                   "TAIL_Q": _HEURISTICS["TAIL_Q"], "SOFTCAP": _HEURISTICS["SOFTCAP"],
+                   "USE_SINK": lambda args: args["dsink"] is not None}
 # The dS-storing kernel: how it stores dS follows from CONTAIN (`ds_store_mode`), ACC_IN from its input sums.
-_DKV_DS_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "USE_SINK": lambda args: args["sink_bias"] is not None,
+_DKV_DS_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "SOFTCAP": _HEURISTICS["SOFTCAP"],
+                      "USE_SINK": lambda args: args["sink_bias"] is not None,
                       "STORE_DS": lambda args: ds_store_mode(args["ds"], args["CONTAIN"]),
                       "ACC_IN": lambda args: args["dv_in"] is not None}
 
@@ -456,11 +468,11 @@ def ds_store_mode(ds, contain: int) -> int:
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_query_head(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    scale, T, W, NTOK, B, NUM_PARTIALS, Q0,
+    scale, softcap, T, W, NTOK, B, NUM_PARTIALS, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
+    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Query-head-owned dK/dV: one program per (key tile, query head). Writes `[B, T, HQ, *]` buffers (fp32 when G > 1;
     the host then sums each group of G heads). With a sink, program 0 also completes dsink (`_sum_dsink`)."""
@@ -470,11 +482,11 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
             return
     i_hq, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale,
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale, softcap,
         i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
         NTILE=0, Q0=Q0, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
         DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q, STORE_DS=False, ACC_IN=False, ACC_OUT=False,
-        SINK_SUM=False, DK_FROM_DS=False)
+        SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
@@ -484,11 +496,11 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_kv_head(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    scale, T, W, NTOK, B, NUM_PARTIALS, Q0,
+    scale, softcap, T, W, NTOK, B, NUM_PARTIALS, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr,
+    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
     loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
@@ -507,11 +519,11 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
                                             IS_VARLEN=IS_VARLEN)
     i_hq0 = i_part * (G // SPLIT)
     _dkv_tile(
-        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale,
+        q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale, softcap,
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
         W=W, NTOK=NTOK, NTILE=None, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q,
-        STORE_DS=0, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False)
+        STORE_DS=0, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
@@ -520,13 +532,14 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
 @triton.heuristics(_DKV_DS_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
-    q, k, v, do, dk, dv, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale, T, W, NTOK,
+    q, k, v, do, dk, dv, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale, softcap, T, W,
+    NTOK,
     B, NTILE, G0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, SPLIT: tl.constexpr,
     STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, CHUNK: tl.constexpr, HEADS: tl.constexpr,
-    DK_FROM_DS: tl.constexpr,
+    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """The five-product backward's dK/dV (`from_ds.py`; dense, every query): the KV-head-owned kernel's
     loops over HEADS query heads of each program's share of a group, heads [G0, G0 + HEADS) of the share, of a
@@ -553,10 +566,11 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
                                        block_shape=[BT, BS])
     _dkv_tile(
         q, k, v, do, dk, dv, None, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale,
+        softcap,
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
         W=W, NTOK=NTOK, NTILE=NTILE, Q0=None, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=False,
-        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT, SINK_SUM=USE_SINK, DK_FROM_DS=DK_FROM_DS)
+        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT, SINK_SUM=USE_SINK, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -574,6 +588,7 @@ def parallel_attn(
     chunk_indices: Optional[torch.Tensor] = None,
     *,
     sink_bias: Optional[torch.Tensor] = None,
+    softcap: Optional[float] = None,
     return_lse: bool = False,
     **kwargs,
 ):
@@ -596,6 +611,8 @@ def parallel_attn(
             and checked for FLA's calls, not read (this package tiles from `cu_seqlens` itself).
         sink_bias: optional `[HQ]` attention-sink logits (GPT-OSS): one extra logit per query head in the softmax
             denominator only; fp16, bf16, fp32 or fp64. Its gradient is computed in fp32, returned in sink_bias's dtype.
+        softcap: optional logit soft-capping (Gemma 2), keyword only: scores become
+            softcap * tanh(scale * q.k / softcap) before the gate's bias and the sink. None or 0.0: off.
         return_lse: also return lse (keyword only).
 
     Returns:
@@ -617,7 +634,8 @@ def parallel_attn(
     prints that route and why. `dkv_path(...)`/FLA_BWD_DKV_PATH force the dK/dV kernel, `dq_path(...)`/
     FLA_BWD_DQ_PATH seven products ("recompute") or five ("from-ds", scratch bounded by FLA_BWD_DS_BUDGET_MIB).
     """
-    check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices, kwargs, return_lse)
+    check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices, kwargs, return_lse,
+                      softcap)
     if window_size == 0:  # FLA's meaning: no key visible, the sink (required) takes all the mass
         return NoKeyVisible.apply(q, k, v, g, sink_bias, return_lse)
     if q.is_cuda and torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
@@ -630,7 +648,8 @@ def parallel_attn(
     sink_bias = sink_bias.contiguous() if sink_bias is not None else None  # the kernels cast it to fp32 on load
     # The kernels read cu_seqlens with unit stride.
     cu_seqlens = cu_seqlens.contiguous() if cu_seqlens is not None else None
-    args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), window_size or 0, return_lse)
+    args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), window_size or 0, return_lse,
+            resolve_softcap(softcap))
     if torch.compiler.is_compiling():
         o, _, _, lse = parallel_attn_fwd_op(*args)
         return (o, lse) if return_lse else o

@@ -193,7 +193,7 @@ def check_fla_kwargs(kwargs: dict) -> None:
     names = ", ".join(sorted(kwargs))
     raise TypeError(f"parallel_attn got unexpected keyword argument(s) {names}: FLA's parallel_attn ignores unknown "
                     f"keywords, this one refuses them; its arguments are q, k, v, g, scale, window_size, "
-                    f"cu_seqlens, chunk_indices, sink_bias and return_lse")
+                    f"cu_seqlens, chunk_indices, sink_bias, softcap and return_lse")
 
 
 def check_chunk_indices(chunk_indices, device: torch.device) -> None:
@@ -212,13 +212,19 @@ def check_chunk_indices(chunk_indices, device: torch.device) -> None:
 
 
 def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices=None,
-                      kwargs=None, return_lse=False) -> None:
+                      kwargs=None, return_lse=False, softcap=None) -> None:
     """Validate `parallel_attn`'s arguments (see its docstring for the shapes); `chunk_indices` and `kwargs` (the
     extra keywords) are FLA's (`check_chunk_indices`, `check_fla_kwargs`)."""
     if kwargs:
         check_fla_kwargs(kwargs)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool (True: return (o, lse)), got {type(return_lse).__name__}")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+            raise TypeError(f"softcap must be a Python float or None, got {type(softcap).__name__}")
+        if not 0 <= softcap <= FP32_MAX:  # also refuses NaN; the kernels take it in fp32
+            raise ValueError(f"softcap must be >= 0 and finite in float32 (logits softcap * tanh(scale * q.k / "
+                             f"softcap); None or 0.0: off), got {softcap}")
     _tensor("q", q, 4)
     _tensor("k", k, 4)
     _tensor("v", v, 4)
@@ -378,6 +384,11 @@ def check_cu_seqlens(cu_seqlens, B: int, device: torch.device) -> None:
                          f"with cu_seqlens.to(q.device)")
     if cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must hold at least 2 offsets [0, ..., T], got {cu_seqlens.numel()}")
+
+
+def resolve_softcap(softcap: Optional[float]) -> float:
+    """The kernels' softcap: 0.0 (off) for None or 0.0, else the (checked) value as a float."""
+    return 0.0 if softcap is None else float(softcap)
 
 
 def resolve_scale(scale: Optional[float], K: int) -> float:
