@@ -207,9 +207,9 @@ def loop_report(compiled) -> list:
         [f"    wgmma: {wgmma_serialized(compiled)}"]
 
 
-def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
+def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False, features=False):
     """(name, kernel, launch args, launcher config key) at head dim D, G = 8; `five`: the five-product backward's
-    kernels instead."""
+    kernels instead; `features`: the kernels' forms for softcap and return_lse instead (`_features`)."""
     no_ds = dict(ds=None, dk_in=None, dv_in=None, NTILE=None, G0=None, CHUNK=None, HEADS=None, ACC_OUT=False)
     t = lambda dt=dtype: torch.empty(1, dtype=dt)
     f32 = torch.float32
@@ -217,13 +217,13 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
                 DOT_PREC="ieee" if dtype == f32 else "tf32")
     gate, sk = (t(f32) if gated else None), (t(f32) if sink else None)
     base = dict(q=t(), k=t(), v=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=gate, cu_seqlens=None,
-                chunk_indices=None, scale=0.1, T=100, W=100, NTOK=100, B=1, Q0=None, **dims)
+                chunk_indices=None, scale=0.1, softcap=None, T=100, W=100, NTOK=100, B=1, Q0=None, **dims)
     dkv = dict(base, do=t(), dgc_k=gate, dsink_partial=sk, dsink=sk, delta=t(f32), NUM_PARTIALS=7)
     # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `host.add_contained`).
     plain = [
-        ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), o_lo=None, sink_bias=sk), "fwd"),
+        ("fwd", P.parallel_attn_fwd_kernel, dict(base, o=t(), o_lo=None, lse_out=None, sink_bias=sk), "fwd"),
         ("dq", P.parallel_attn_bwd_kernel_dq,
-         dict(base, o=t(), do=t(), dq=t(), dgc_q=gate, delta=t(f32), sink_bias=sk, dsink_partial=sk,
+         dict(base, o=t(), do=t(), dq=t(), dgc_q=gate, dlse=None, delta=t(f32), sink_bias=sk, dsink_partial=sk,
               REFINE_DELTA=gated and not sink, EXACT_DELTA=sink), "dq"),
         ("dkv_per_query_head", P.parallel_attn_bwd_kernel_dkv_per_query_head, dict(dkv, dk=t(f32), dv=t(f32)), "dkv"),
         # SPLIT = 1; the split paths run the same loop over fewer heads, with the same tiles and shared memory.
@@ -247,9 +247,42 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False):
             dv_only = dict(store, SPLIT=1, dk=None, dk_in=None, DK_FROM_DS=True)
             plain += [("dv_store_ds", ds_kernel, dv_only, "dkv_ds"),
                       ("dv_store_ds_sink", ds_kernel, dict(dv_only, sink_bias=t(f32), sink_part=t(f32)), "dkv_ds")]
+    if features:
+        plain, extra = _features(D, dtype, t, plain, dkv, no_ds)
     modes = [(name + ("[inline]", "[flag]", "[fixup]")[mode], kernel, dict(launch, CONTAIN=mode), key)
              for name, kernel, launch, key in plain for mode in (0, 1, 2)]
-    return modes + (_five_extra(D, dtype, t, base) if five else [])
+    return modes + (_five_extra(D, dtype, t, base) if five else []) + (extra if features else [])
+
+
+def _features(D: int, dtype, t, plain: list, dkv: dict, no_ds: dict):
+    """(kernels in 3 CONTAIN modes, kernels in one) of softcap and return_lse: the forward, dQ, the per-KV-head and
+    the dS-storing dK/dV kernels with softcap (the last with a sink; above head dim 128 its dV-alone form), the
+    forward storing the user's lse, dQ subtracting its gradient (with a sink: exact delta), and the five-product
+    delta and sink-gradient kernels with it."""
+    import fla_bwd.ops.attn.from_ds as F
+    f32 = torch.float32
+    fwd, dq, _, dkv_kv = (dict(launch) for _, _, launch, _ in plain[:4])
+    cap = dict(softcap=4.0)
+    store = dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), ds=t(),
+                 dk_in=t(f32), dv_in=t(f32), sink_bias=t(f32), sink_part=t(f32), NTILE=1000, G0=2, CHUNK=2, HEADS=1,
+                 ACC_OUT=True, DK_FROM_DS=D > DK_FROM_DS_ABOVE_D, SPLIT=1, **cap)
+    if store["DK_FROM_DS"]:
+        store.update(dk=None, dk_in=None)
+    ds_kernel = P.parallel_attn_bwd_kernel_dkv_ds_per_kv_head
+    moded = [("fwd_softcap", P.parallel_attn_fwd_kernel, dict(fwd, **cap), "fwd"),
+             ("dq_softcap", P.parallel_attn_bwd_kernel_dq, dict(dq, **cap), "dq"),
+             ("dkv_per_kv_head_softcap", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv_kv, **cap), "dkv")]
+    if dtype != f32:
+        moded.append(("dkv_store_ds_softcap_sink", ds_kernel, store, "dkv_ds"))
+    bk = max(16, triton.next_power_of_2(D))
+    once = [("fwd_lse_out[flag]", P.parallel_attn_fwd_kernel, dict(fwd, lse_out=t(f32), CONTAIN=FLAG.value), "fwd"),
+            ("dq_dlse[flag]", P.parallel_attn_bwd_kernel_dq, dict(dq, dlse=t(f32), CONTAIN=FLAG.value), "dq"),
+            ("delta_dlse", F.delta_kernel, dict(o=t(), o_lo=None, do=t(), dlse=t(f32), delta=t(f32), R=1000,
+                                                NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk), "dkv_ds"),
+            ("sink_grad_dlse", F.sink_grad_kernel, dict(lse=t(f32), delta=t(f32), dlse=t(f32), sink_bias=t(f32),
+                                                        sink_part=t(f32), dsink=t(f32), NTOK=100, NP=8, HQ=32,
+                                                        BN=1024, BP=8), "dkv_ds")]
+    return moded, once
 
 
 def _five_extra(D: int, dtype, t, base: dict):
@@ -261,8 +294,8 @@ def _five_extra(D: int, dtype, t, base: dict):
     dq = dict(k=t(), ds=t(), dq=t(), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D,
               BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1)
     f32 = torch.float32
-    fwd = dict(base, o=t(), o_lo=t(torch.int8), g_cumsum=t(f32), sink_bias=None, CONTAIN=FLAG.value)
-    delta = dict(o=t(), o_lo=None, do=t(), delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
+    fwd = dict(base, o=t(), o_lo=t(torch.int8), lse_out=None, g_cumsum=t(f32), sink_bias=None, CONTAIN=FLAG.value)
+    delta = dict(o=t(), o_lo=None, do=t(), dlse=None, delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
     dk = dict(q=t(), ds=t(), dk=t(f32), dk_in=t(f32), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8,
               SPLIT=1, CHUNK=2, K=D, BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_PARTS=8, ACC_OUT=True)
     wide = [("dk_from_ds", F.parallel_attn_bwd_kernel_dk_from_ds, dk, "dkv_ds")] if D > DK_FROM_DS_ABOVE_D else []
@@ -276,8 +309,9 @@ def _five_extra(D: int, dtype, t, base: dict):
              dict(dgk_part=t(f32), dgc_q=t(f32), dg=t(f32), T=100, W=100, G0=2, HQ=32, H=4, G=8, SPLIT=1, CHUNK=2,
                   BT=cfg["BT"], BQ=cfg["BS"], BR=1024, BP=8, NUM_BANDS=8), "dkv_ds"),
             ("delta", F.delta_kernel, delta, "dkv_ds"),
-            ("sink_grad", F.sink_grad_kernel, dict(lse=t(f32), delta=t(f32), sink_bias=t(f32), sink_part=t(f32),
-                                                   dsink=t(f32), NTOK=100, NP=8, BN=1024, BP=8), "dkv_ds"),
+            ("sink_grad", F.sink_grad_kernel, dict(lse=t(f32), delta=t(f32), dlse=None, sink_bias=t(f32),
+                                                   sink_part=t(f32), dsink=t(f32), NTOK=100, NP=8, HQ=32, BN=1024,
+                                                   BP=8), "dkv_ds"),
             # a gated five-product call's forward (the FLAG launch of long rows) stores o_lo; its delta reads it
             ("fwd_o_lo_gated[flag]", P.parallel_attn_fwd_kernel, fwd, "fwd"),
             ("delta_o_lo", F.delta_kernel, dict(delta, o_lo=t(torch.int8)), "dkv_ds")]
@@ -311,7 +345,7 @@ def compile_one(task: tuple) -> tuple:
 
 # (gated, sink, five-product kernels)
 _FLAGS = {"plain": (False, False, False), "gate": (True, False, False), "gate+sink": (True, True, False),
-          "five": (False, False, True)}
+          "five": (False, False, True), "features": (True, True, False, True)}
 
 
 def main():
@@ -321,6 +355,7 @@ def main():
     ap.add_argument("--gate-only", action="store_true", help="a gate and no sink")
     ap.add_argument("--five", action="store_true", help="the five-product backward's kernels (from_ds.py)")
     ap.add_argument("--hopper", action="store_true", help="the Gluon dK/dV kernel (gluon_dkv.py) instead")
+    ap.add_argument("--features", action="store_true", help="the kernels' softcap and return_lse forms instead")
     ap.add_argument("--loops", action="store_true", help="also list each matrix-product loop's size and spills")
     ap.add_argument("--sass-hash", action="store_true",
                     help="also print hashes of each kernel's SASS and of its PTX, blind to file, line numbers and "
@@ -352,7 +387,8 @@ def main():
     overrides = {k: getattr(args, k) for k in ("fwd", "dq", "dkv")}
     if args.plain and args.gate_only:
         raise SystemExit("--plain and --gate-only exclude each other")
-    variant = "five" if args.five else "plain" if args.plain else "gate" if args.gate_only else "gate+sink"
+    variant = ("five" if args.five else "features" if args.features else "plain" if args.plain
+               else "gate" if args.gate_only else "gate+sink")
     tasks = [(D, args.dtype, variant, i, overrides, args.loops, args.sass_hash)
              for D in map(int, args.dims.split(","))
              for i in range(len(kernels(D, getattr(torch, args.dtype), *_FLAGS[variant])))]

@@ -164,8 +164,8 @@ def _common(plan: Plan, s, tiles, kernel: str):
         NT, chunks = tiles.num_tiles(BT), Ref(f"chunks{BT}")
         plan.tile_sizes.add(BT)
     args = dict(q=Ref("q"), k=Ref("k"), v=Ref("v"), cu_seqlens=Ref("cu_seqlens") if tiles is not None else None,
-                chunk_indices=chunks, scale=s.scale, softcap=s.softcap, T=s.T, W=s.W, NTOK=s.B * s.T, B=s.B,
-                Q0=s.Q0 or None, **_dims_of(s.HQ, s.H, s.K, s.V, s.dtype), **cfg)
+                chunk_indices=chunks, scale=s.scale, softcap=s.softcap or None, T=s.T, W=s.W, NTOK=s.B * s.T,
+                B=s.B, Q0=s.Q0 or None, **_dims_of(s.HQ, s.H, s.K, s.V, s.dtype), **cfg)
     return cfg, NT, args
 
 

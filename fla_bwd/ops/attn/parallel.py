@@ -48,8 +48,8 @@ _HEURISTICS = {
     # Tail queries (`host.tail_forward`): q holds the last T - Q0 positions of the keys' sequence. Q0 None: every
     # position is a query, and the kernels compile to exactly what they were before tail queries existed.
     "TAIL_Q": lambda args: args["Q0"] is not None,
-    # Logit soft-capping (`softcap` > 0, `inner.scores`); 0: off, and the kernels compile as they did without it.
-    "SOFTCAP": lambda args: args["softcap"] > 0,
+    # Logit soft-capping (`inner.scores`); None: off, and the kernels compile as they did without it.
+    "SOFTCAP": lambda args: args["softcap"] is not None,
 }
 # The forward also stores o's rounding residual (EXACT_O) and the user's lse (LSE_OUT) where given buffers for them.
 _FWD_HEURISTICS = dict(_HEURISTICS, EXACT_O=lambda args: args["o_lo"] is not None,
