@@ -87,11 +87,12 @@ def delta_kernel(o, o_lo, do, dlse, delta, R, NTOK, HQ: tl.constexpr, V: tl.cons
     else:
         b_o = b_o.to(tl.float32)
     b_do = tl.load(do + p, mask=m, other=0).to(tl.float32)
-    b_delta = tl.sum(b_o * b_do, 1)
-    if USE_DLSE:
-        b_delta -= tl.load(dlse + o_r, mask=o_r < R, other=0)
     o_tok, o_hq = o_r // HQ, o_r % HQ
-    tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok, b_delta, mask=o_r < R)
+    if USE_DLSE:
+        tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok,
+                 tl.sum(b_o * b_do, 1) - tl.load(dlse + o_r, mask=o_r < R, other=0), mask=o_r < R)
+    else:
+        tl.store(delta + o_hq.to(tl.int64) * NTOK + o_tok, tl.sum(b_o * b_do, 1), mask=o_r < R)
 
 
 @triton.heuristics({"USE_DLSE": lambda args: args["dlse"] is not None})

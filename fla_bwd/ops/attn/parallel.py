@@ -152,10 +152,9 @@ def parallel_attn_fwd_kernel(
     if EXACT_O:
         tl.store(_o_tile(o_lo, qbos, i_hq, o_t, o_v, HQ=HQ, V=V), o_lo_encode(b_o, b_or),
                  mask=m_t[:, None] & (o_v[None, :] < V))
-    b_lse = b_m + tl.log2(b_l)
-    tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_lse, mask=m_t)
-    if LSE_OUT:
-        tl.store(lse_out + (bos + o_t) * HQ + i_hq, b_lse * LN2, mask=m_t)
+    tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
+    if LSE_OUT:  # after the store above, in this order: without LSE_OUT the kernel's PTX is what it was before it
+        tl.store(lse_out + (bos + o_t) * HQ + i_hq, (b_m + tl.log2(b_l)) * LN2, mask=m_t)
 
 
 @triton.jit
