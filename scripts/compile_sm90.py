@@ -217,7 +217,7 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False, fea
                 DOT_PREC="ieee" if dtype == f32 else "tf32")
     gate, sk = (t(f32) if gated else None), (t(f32) if sink else None)
     base = dict(q=t(), k=t(), v=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=gate, cu_seqlens=None,
-                chunk_indices=None, scale=0.1, softcap=None, T=100, W=100, NTOK=100, B=1, Q0=None, **dims)
+                chunk_indices=None, scale=0.1, softcap=None, T=100, W=100, WR=None, NTOK=100, B=1, Q0=None, **dims)
     dkv = dict(base, do=t(), dgc_k=gate, dsink_partial=sk, dsink=sk, delta=t(f32), NUM_PARTIALS=7)
     # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `host.add_contained`).
     plain = [
@@ -255,10 +255,11 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False, fea
 
 
 def _features(D: int, dtype, t, plain: list, dkv: dict, no_ds: dict):
-    """(kernels in 3 CONTAIN modes, kernels in one) of softcap and return_lse: the forward, dQ, the per-KV-head and
-    the dS-storing dK/dV kernels with softcap (the last with a sink; above head dim 128 its dV-alone form), the
-    forward storing the user's lse, dQ subtracting its gradient (with a sink: exact delta), and the five-product
-    delta and sink-gradient kernels with it."""
+    """(kernels in 3 CONTAIN modes, kernels in one) of softcap, non-causal calls and return_lse: the forward, dQ, the
+    per-KV-head and the dS-storing dK/dV kernels with softcap (the last with a sink; above head dim 128 its dV-alone
+    form); the forward, dQ and the per-KV-head dK/dV kernel not causal (a window reaching 50 keys ahead, a sink, no
+    gate); the forward storing the user's lse, dQ subtracting its gradient (with a sink: exact delta), and the
+    five-product delta and sink-gradient kernels with it."""
     import fla_bwd.ops.attn.from_ds as F
     f32 = torch.float32
     fwd, dq, _, dkv_kv = (dict(launch) for _, _, launch, _ in plain[:4])
@@ -274,6 +275,11 @@ def _features(D: int, dtype, t, plain: list, dkv: dict, no_ds: dict):
              ("dkv_per_kv_head_softcap", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv_kv, **cap), "dkv")]
     if dtype != f32:
         moded.append(("dkv_store_ds_softcap_sink", ds_kernel, store, "dkv_ds"))
+    ungated = dict(g_cumsum=None, WR=50)
+    moded += [("fwd_noncausal", P.parallel_attn_fwd_kernel, dict(fwd, **ungated), "fwd"),
+              ("dq_noncausal", P.parallel_attn_bwd_kernel_dq, dict(dq, dgc_q=None, REFINE_DELTA=False, **ungated), "dq"),
+              ("dkv_per_kv_head_noncausal", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
+               dict(dkv_kv, dgc_k=None, **ungated), "dkv")]
     bk = max(16, triton.next_power_of_2(D))
     once = [("fwd_lse_out[flag]", P.parallel_attn_fwd_kernel, dict(fwd, lse_out=t(f32), CONTAIN=FLAG.value), "fwd"),
             ("dq_dlse[flag]", P.parallel_attn_bwd_kernel_dq, dict(dq, dlse=t(f32), CONTAIN=FLAG.value), "dq"),

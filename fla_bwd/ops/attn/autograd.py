@@ -34,20 +34,22 @@ def _empty_f32(device) -> torch.Tensor:
 def parallel_attn_fwd_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int, return_lse: bool = False,
-    softcap: float = 0.0,
+    softcap: float = 0.0, window_right: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, the gate's cumsum or empty, the user's lse `[B, T, HQ]` or empty). `window_size` 0 means full
     causal."""
     # No o_lo (`host.forward`'s for_backward): the op cannot tell whether a backward follows, so its gated calls
     # take seven products.
     o, lse, g_cumsum, _, _, lse_out = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size,
-                                                   return_lse=return_lse, softcap=softcap)
+                                                   return_lse=return_lse, softcap=softcap,
+                                                   window_right=window_right)
     return (o, lse, g_cumsum if g_cumsum is not None else _empty_f32(q.device),
             lse_out if lse_out is not None else _empty_f32(q.device))
 
 
 @parallel_attn_fwd_op.register_fake
-def _fwd_fake(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=False, softcap=0.0):
+def _fwd_fake(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=False, softcap=0.0,
+              window_right=None):
     B, T, HQ, _ = q.shape
     lse = q.new_empty(HQ, B * T, dtype=torch.float32)
     g_cumsum = q.new_empty(HQ, B * T, dtype=torch.float32) if g is not None else q.new_empty(0, dtype=torch.float32)
@@ -60,17 +62,18 @@ def parallel_attn_bwd_op(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     g_cumsum: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int, dlse: Optional[torch.Tensor] = None,
-    softcap: float = 0.0,
+    softcap: float = 0.0, window_right: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg or empty, dsink or empty); dg and dsink in g's and sink_bias's dtypes. `dlse`: the gradient
     of the user's lse, or None."""
     grads = host.backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size, dlse=dlse,
-                          softcap=softcap)
+                          softcap=softcap, window_right=window_right)
     return tuple(x if x is not None else _empty_f32(q.device) for x in grads)
 
 
 @parallel_attn_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size, dlse=None, softcap=0.0):
+def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size, dlse=None, softcap=0.0,
+              window_right=None):
     empty = q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             torch.empty_like(g) if g is not None else empty,
@@ -78,26 +81,28 @@ def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, wi
 
 
 def _save(ctx, inputs, output, call=None, o_lo=None):
-    q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse, softcap = inputs
+    q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse, softcap, window_right = inputs
     o, lse, g_cumsum = output[:3]  # the custom op's 4th, the user's lse, is no input of the backward
     ctx.save_for_backward(q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo)
-    ctx.scale, ctx.window_size, ctx.call, ctx.return_lse, ctx.softcap = scale, window_size, call, return_lse, softcap
+    ctx.scale, ctx.window_size, ctx.call, ctx.return_lse = scale, window_size, call, return_lse
+    ctx.softcap, ctx.window_right = softcap, window_right
 
 
 def _gradients(ctx, do, dlse, backward, *call):
-    """The gradients of the forward's 10 inputs from `do` and `dlse` (the user's lse's, or None; either may be None
+    """The gradients of the forward's 11 inputs from `do` and `dlse` (the user's lse's, or None; either may be None
     where autograd hands none), through `backward` (the custom op, or `host.backward` with the forward's
     `host.Call` and o_lo)."""
     q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo = ctx.saved_tensors
     extra = (*call, o_lo) if call else ()
-    cap = {} if call else {"softcap": ctx.softcap}  # with the Call, its Shape has it
+    # With the Call, its Shape has these.
+    cap = {} if call else {"softcap": ctx.softcap, "window_right": ctx.window_right}
     # A loss of lse alone: o's gradient is zero (a rare call, so no kernel variant for it).
     do = torch.zeros_like(o) if do is None else do.contiguous()
     dlse = dlse.float().contiguous() if dlse is not None and ctx.return_lse else None
     dq, dk, dv, dg, dsink = backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, ctx.scale,
                                      ctx.window_size, *extra, dlse=dlse, **cap)
     return (dq, dk, dv, dg if g is not None else None, dsink if sink_bias is not None else None, None, None, None,
-            None, None)
+            None, None, None)
 
 
 def _op_backward(ctx, do, lse, dgc, dlse):
@@ -125,11 +130,13 @@ class EagerParallelAttn(torch.autograd.Function):
     """The custom ops' formula for eager calls (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=False, softcap=0.0):
+    def forward(ctx, q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=False, softcap=0.0,
+                window_right=None):
         o, lse, g_cumsum, o_lo, call, lse_out = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size,
-                                                             any(ctx.needs_input_grad), return_lse, softcap)
-        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse, softcap), (o, lse, g_cumsum),
-              call, o_lo)
+                                                             any(ctx.needs_input_grad), return_lse, softcap,
+                                                             window_right)
+        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse, softcap, window_right),
+              (o, lse, g_cumsum), call, o_lo)
         if not return_lse:
             return o
         # Unused outputs' gradients arrive as None, not zeros: an lse the loss does not use costs the backward

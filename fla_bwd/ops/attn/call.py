@@ -27,6 +27,7 @@ class Shape(NamedTuple):
     containment: str  # the FLA_BWD_CONTAINMENT setting at the call (`dispatch.knobs`)
     Q0: int = 0  # tail queries (`host.tail_forward`): q holds positions [Q0, T) of the keys' sequence; 0: all of them
     softcap: float = 0.0  # logit soft-capping (`inner.scores`); 0: off
+    WR: Optional[int] = None  # None: causal; else query i also sees keys up to i + WR (clamped to T, `right_window`)
 
 
 class Call(NamedTuple):
@@ -48,8 +49,15 @@ def window(window_size: int, T: int) -> int:
     return T if window_size == 0 else min(window_size, max(T, 1))
 
 
+def right_window(window_right: Optional[int], T: int) -> Optional[int]:
+    """The keys a query sees after itself, clamped to T (None: causal; -1: unbounded)."""
+    if window_right is None:
+        return None
+    return T if window_right < 0 else min(window_right, T)
+
+
 def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, containment: str,
-              softcap: float = 0.0) -> Call:
+              softcap: float = 0.0, window_right: Optional[int] = None) -> Call:
     """The `Call` of validated contiguous inputs under the containment setting `containment`; reads and checks
     `cu_seqlens`' values (`varlen_tiles`). A packed batch of N sequences of one length L > 0 is laid out exactly as
     the dense batch [N, L] (q `[1, N * L, HQ, K]`, and likewise k, v, g, o): it runs as that dense call, on every
@@ -61,7 +69,7 @@ def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int,
         B, T, tiles = len(tiles.lengths), tiles.one_length, None
     shape = Shape(q.device, B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, g.dtype if g is not None else None,
                   sink_bias.dtype if sink_bias is not None else None, scale, window(window_size, T), containment,
-                  softcap=softcap)
+                  softcap=softcap, WR=right_window(window_right, T))
     qkv = (aligned(q), aligned(k), aligned(v))
     key = (shape, tiles.key if tiles is not None else None, *qkv, aligned(g), aligned(sink_bias), aligned(cu_seqlens))
     return Call(key, shape, tiles, all(qkv), as_dense)

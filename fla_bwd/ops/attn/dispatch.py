@@ -23,7 +23,7 @@ from fla_bwd import settings
 from fla_bwd.ops.attn import config, gluon_dkv
 from fla_bwd.ops.attn.call import make_call
 from fla_bwd.ops.attn.from_ds import band_bytes, ds_layout
-from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale, resolve_softcap
+from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale, resolve_softcap, resolve_window
 from fla_bwd.ops.utils.index import sequence_lengths, varlen_tiles
 from fla_bwd.settings import dkv_path, dq_path, ds_kernel  # noqa: F401  (re-exported: the `with` blocks users type)
 from fla_bwd.utils import is_interpreter
@@ -312,6 +312,8 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
             return None, "fp32 or tail queries: five products do not run them"
         if capped_gate:
             return None, "softcap with a gate: its gradient needs dS of the scores, the stored tiles hold another"
+        if s.WR is not None:
+            return None, "not causal: five products store the causal band of dS tiles only"
         if k.dkv_path != "auto":
             return None, f"a dK/dV kernel is forced (FLA_BWD_DKV_PATH={k.dkv_path})"
         if inexact:
@@ -333,6 +335,9 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
     if capped_gate:
         raise ValueError("dq path 'from-ds' (the five-product backward) does not run softcap with a gate g: the "
                          "gate's gradient needs dS of the capped scores, and the stored tiles hold dS of q.k")
+    if s.WR is not None:
+        raise ValueError("dq path 'from-ds' (the five-product backward) runs causal attention only (it stores the "
+                         "causal band of dS tiles): pass causal=True, or use FLA_BWD_DQ_PATH=recompute")
     hopper = _hopper(s, aligned, k)
     if hopper and k.dkv_path == "auto":
         split = hopper_split(s.B, s.T, s.H, G, config.sm_count(s.device))
@@ -483,12 +488,14 @@ def tail_route(s, k: Knobs) -> Route:
 
 def select_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor] = None,
                     window_size: Optional[int] = None, cu_seqlens: Optional[torch.Tensor] = None,
-                    sink_bias: Optional[torch.Tensor] = None, *, softcap: Optional[float] = None) -> Route:
+                    sink_bias: Optional[torch.Tensor] = None, *, causal: bool = True,
+                    softcap: Optional[float] = None) -> Route:
     """The `Route` that a backward of these inputs takes with the settings now (as an eager call: a gated forward
     stores o_lo where five products need it). `print(select_backward(q, k, v).explain())` says why."""
-    check_attn_inputs(q, k, v, g, None, window_size, cu_seqlens, sink_bias, None, {}, softcap=softcap)
-    c = make_call(q, k, v, g, sink_bias, cu_seqlens, resolve_scale(None, q.shape[-1]), window_size or 0,
-                  containment_knob(), resolve_softcap(softcap))
+    check_attn_inputs(q, k, v, g, None, window_size, cu_seqlens, sink_bias, None, {}, softcap=softcap, causal=causal)
+    W, WR = resolve_window(window_size, causal)
+    c = make_call(q, k, v, g, sink_bias, cu_seqlens, resolve_scale(None, q.shape[-1]), W, containment_knob(),
+                  resolve_softcap(softcap), WR)
     now = knobs()
     return route(c, now, c.qkv_aligned, needs_o_lo(c, now))
 

@@ -96,9 +96,11 @@ def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
     return s.B if tiles is None else len(tiles.lengths)
 
 
-def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, softcap: float = 0.0) -> Call:
+def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, softcap: float = 0.0,
+            window_right: Optional[int] = None) -> Call:
     """The `Call` of validated contiguous inputs, under the containment setting now."""
-    return make_call(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, dispatch.containment_knob(), softcap)
+    return make_call(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, dispatch.containment_knob(), softcap,
+                     window_right)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -164,7 +166,7 @@ def _common(plan: Plan, s, tiles, kernel: str):
         NT, chunks = tiles.num_tiles(BT), Ref(f"chunks{BT}")
         plan.tile_sizes.add(BT)
     args = dict(q=Ref("q"), k=Ref("k"), v=Ref("v"), cu_seqlens=Ref("cu_seqlens") if tiles is not None else None,
-                chunk_indices=chunks, scale=s.scale, softcap=s.softcap or None, T=s.T, W=s.W, NTOK=s.B * s.T,
+                chunk_indices=chunks, scale=s.scale, softcap=s.softcap or None, T=s.T, W=s.W, WR=s.WR, NTOK=s.B * s.T,
                 B=s.B, Q0=s.Q0 or None, **_dims_of(s.HQ, s.H, s.K, s.V, s.dtype), **cfg)
     return cfg, NT, args
 
@@ -437,14 +439,15 @@ def _forward_plan(call: Call, may_need_o_lo: bool, lse_out: bool = False) -> Pla
 
 
 def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False,
-            return_lse: bool = False, softcap: float = 0.0):
+            return_lse: bool = False, softcap: float = 0.0, window_right: Optional[int] = None):
     """(o, lse, the gate's cumsum gc times log2 e or None, o's rounding residual o_lo or None, the `Call` for the
     backward, the user's lse or None), for validated contiguous inputs. `window_size` 0 means full causal.
     `for_backward`: a backward may follow, so make o_lo where it would need it (`dispatch.needs_o_lo`: a call with a
     gate, or a sink on short rows, that takes five products). `return_lse`: also the user's lse `[B, T, HQ]` fp32,
     natural log, the sink included (the kernels' own lse is base 2 and head-major). `softcap` > 0: logits
-    softcap * tanh(scale * q.k / softcap); 0: off."""
-    call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, softcap)
+    softcap * tanh(scale * q.k / softcap); 0: off. `window_right`: None causal, else query i also sees the keys up to
+    i + window_right (-1: all)."""
+    call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, softcap, window_right)
     plan = _forward_plan(call, for_backward and dispatch.needs_exact_o(call.shape),  # the others never need o_lo
                          return_lse)
     env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens), call.tiles)
@@ -494,13 +497,14 @@ def _backward_plan(call: Call, do_aligned: bool, exact_o: bool, with_dlse: bool 
 
 def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,
              call: Optional[Call] = None, o_lo: Optional[torch.Tensor] = None, dlse: Optional[torch.Tensor] = None,
-             softcap: float = 0.0):
+             softcap: float = 0.0, window_right: Optional[int] = None):
     """(dq, dk, dv, dg or None, dsink or None): dg and dsink in g's and sink_bias's dtypes. `call` is the forward's
     (`forward` returns it); without it (the custom-op path) it is made again from the inputs. `o_lo`: the forward's
     (None where it made none; a gated call then takes seven products). `dlse`: the gradient of the user's lse
-    (`return_lse`), contiguous fp32 `[B, T, HQ]`, or None. `softcap`: the forward's (read only without `call`)."""
+    (`return_lse`), contiguous fp32 `[B, T, HQ]`, or None. `softcap`, `window_right`: the forward's (read only
+    without `call`)."""
     if call is None:
-        call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, softcap)
+        call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, softcap, window_right)
     plan = _backward_plan(call, aligned(do), o_lo is not None, dlse is not None)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, o_lo=o_lo, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
                           cu_seqlens=cu_seqlens, dlse=dlse), call.tiles)

@@ -84,35 +84,59 @@ def key_tile(B, T, cu_seqlens, chunk_indices, NH: tl.constexpr, BT: tl.constexpr
 
 
 @triton.jit
-def key_ranges(t0, T, W, BT: tl.constexpr, BS: tl.constexpr):
-    """Key blocks for the query tile [t0, t0 + BT): [lo, mid) need the window mask, [mid, t0) are fully visible to
-    every row, [t0, end) is the causal diagonal. Query i sees keys [i - W + 1, i]."""
+def key_ranges(t0, T, W, WR, BT: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key blocks for the query tile [t0, t0 + BT), in three consecutive ranges: [lo, mid) need the mask, [mid, hi)
+    are fully visible to every row, [hi, end) need the mask. Causal: query i sees keys [i - W + 1, i], and [hi, end)
+    is the diagonal from hi = t0. Else keys [i - W + 1, i + WR] below T, and the unmasked range holds whole blocks
+    below T only."""
     lo = tl.maximum(t0 - W + 1, 0) // BS * BS
     full = tl.cdiv(tl.maximum(t0 + BT - W, 0), BS) * BS
-    mid = tl.maximum(lo, tl.minimum(full, t0))
-    end = tl.minimum(t0 + BT, T)
-    return lo, mid, end
+    if CAUSAL:
+        mid = tl.maximum(lo, tl.minimum(full, t0))
+        end = tl.minimum(t0 + BT, T)
+        hi = t0
+    else:
+        top = tl.minimum((t0 + WR + 1) // BS * BS, T // BS * BS)  # blocks up to the first row's last key
+        mid = tl.maximum(lo, tl.minimum(full, top))
+        hi = tl.maximum(mid, top)
+        end = tl.minimum(t0 + BT + WR, T)
+    return lo, mid, hi, end
 
 
 @triton.jit
-def query_ranges(s0, T, W, BT: tl.constexpr, BS: tl.constexpr):
-    """Query blocks for the key tile [s0, s0 + BT): [s0, diag) is the causal diagonal, [diag, hi) see every key of
-    the tile, [hi, end) need the window mask. Key j is seen by queries [j, j + W - 1]."""
-    diag = tl.minimum(s0 + BT, T)
+def query_ranges(s0, T, W, WR, BT: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.constexpr):
+    """Query blocks for the key tile [s0, s0 + BT), in three consecutive ranges: [first, diag) need the mask,
+    [diag, hi) see every key of the tile, [hi, end) need the mask. Causal: key j is seen by queries [j, j + W - 1],
+    and [first, diag) is the diagonal from first = s0. Else by queries [j - WR, j + W - 1]."""
     end = tl.minimum(s0 + BT + W - 1, T)
-    hi = tl.maximum(diag, tl.minimum((s0 + W) // BS * BS, end))
-    return diag, hi, end
+    if CAUSAL:
+        diag = tl.minimum(s0 + BT, T)
+        hi = tl.maximum(diag, tl.minimum((s0 + W) // BS * BS, end))
+        first = s0
+    else:
+        first = tl.maximum(s0 - WR, 0) // BS * BS
+        top = tl.minimum((s0 + W) // BS * BS, end)  # blocks up to the last query that sees the tile's first key
+        diag = tl.maximum(first, tl.minimum(tl.cdiv(tl.maximum(s0 + BT - 1 - WR, 0), BS) * BS, top))
+        hi = tl.maximum(diag, top)
+    return first, diag, hi, end
 
 
 @triton.jit
-def visible(o_a, o_b, W, KEYS_FIRST: tl.constexpr = False):
-    """Causal sliding-window mask: [len(o_a), len(o_b)] with o_a the query positions and o_b the key positions, or
-    with KEYS_FIRST the transposed layout (o_a keys, o_b queries)."""
+def visible(o_a, o_b, W, WR, T, KEYS_FIRST: tl.constexpr, CAUSAL: tl.constexpr):
+    """Sliding-window mask: [len(o_a), len(o_b)] with o_a the query positions and o_b the key positions, or with
+    KEYS_FIRST the transposed layout (o_a keys, o_b queries). Causal: query i sees keys [i - W + 1, i]; else keys
+    [i - W + 1, i + WR] below T (a key past the sequence's end would be seen by the rows before it)."""
     if KEYS_FIRST:
         d = o_b[None, :] - o_a[:, None]
     else:
         d = o_a[:, None] - o_b[None, :]
-    return (d >= 0) & (d < W)
+    m = (d >= 0) & (d < W)
+    if not CAUSAL:
+        if KEYS_FIRST:
+            m = (d >= -WR) & (d < W) & (o_a[:, None] < T)
+        else:
+            m = (d >= -WR) & (d < W) & (o_b[None, :] < T)
+    return m
 
 
 @triton.jit
@@ -271,11 +295,11 @@ def load_rows(base, o_r, T, stride, N: tl.constexpr, BN: tl.constexpr, FULL: tl.
 
 @triton.jit
 def fwd_block(
-    b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in,
+    b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, WR,
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """One key block of the online softmax: fold keys [i_s, i_s + BS) into (b_o, b_m, b_l). With gates, b_gk is
     this block's key-side gc, loaded one block ahead (see `key_gate`); the next block's is returned. FULL: every key
@@ -292,7 +316,7 @@ def fwd_block(
     if USE_G:
         b_s += b_gq[:, None] - b_gk[None, :]
     if MASK:
-        m_vis = visible(o_t, o_s, W)
+        m_vis = visible(o_t, o_s, W, WR, T, KEYS_FIRST=False, CAUSAL=CAUSAL)
         b_s = tl.where(m_vis, b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
     # A row with nothing visible yet keeps m = -inf; subtracting 0 instead keeps exp2 at 0 rather than NaN.
@@ -314,9 +338,9 @@ def fwd_block(
 
 @triton.jit
 def fwd_tile(
-    b_q, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, cap_in, stride_k, stride_v,
+    b_q, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, cap_in, WR, stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, SOFTCAP: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """The forward's key loop for the query tile [t0, t0 + BT) over the three `key_ranges`: (o unnormalised,
     running max m, running sum l). Its loads keep their row masks (FULL=False) even where the blocks are full: at
@@ -325,35 +349,35 @@ def fwd_tile(
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BT], dtype=tl.float32)
-    lo, mid, end = key_ranges(t0, T, W, BT=BT, BS=BS)
+    lo, mid, hi, end = key_ranges(t0, T, W, WR, BT=BT, BS=BS, CAUSAL=CAUSAL)
     # The three ranges are consecutive BS-blocks from lo, so the one-ahead gate prefetch runs across them.
     b_gk = key_gate(gk_base, lo, T, BS=BS, USE_G=USE_G)
     for i_s in range(lo, mid, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, stride_k,
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, WR, stride_k,
             stride_v, K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC,
-            SAFE=SAFE, SOFTCAP=SOFTCAP)
-    for i_s in range(mid, t0, BS):
+            SAFE=SAFE, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
+    for i_s in range(mid, hi, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, stride_k,
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, WR, stride_k,
             stride_v, K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=False, DOT_PREC=DOT_PREC,
-            SAFE=SAFE, SOFTCAP=SOFTCAP)
-    for i_s in range(t0, end, BS):
+            SAFE=SAFE, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
+    for i_s in range(hi, end, BS):
         b_o, b_m, b_l, b_gk = fwd_block(
-            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, stride_k,
+            b_q, b_o, b_m, b_l, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W, qk_scale, cap_in, WR, stride_k,
             stride_v, K=K, V=V, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC,
-            SAFE=SAFE, SOFTCAP=SOFTCAP)
+            SAFE=SAFE, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     return b_o, b_m, b_l
 
 
 @triton.jit
 def dq_block(
     b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s, T, W,
-    qk_scale, cap_in,
+    qk_scale, cap_in, WR,
     stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr,
-    USE_G: tl.constexpr, COMPUTE_DQ: tl.constexpr, SAFE: tl.constexpr, SOFTCAP: tl.constexpr,
+    USE_G: tl.constexpr, COMPUTE_DQ: tl.constexpr, SAFE: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """dQ contribution of keys [i_s, i_s + BS): dq += dS @ K, dS = P * (dO @ V^T - delta). Unscaled.
     With REFINE_DELTA it also accumulates b_pdp += rowsum(P * dP), the fp32 delta (see the dQ kernel);
@@ -374,13 +398,13 @@ def dq_block(
         b_s += b_gq[:, None] - b_gk[None, :]
     b_p = tl.exp2(b_s - b_lse[:, None])
     if MASK and not SAFE:
-        b_p = tl.where(visible(o_t, o_s, W), b_p, 0)
+        b_p = tl.where(visible(o_t, o_s, W, WR, T, KEYS_FIRST=False, CAUSAL=CAUSAL), b_p, 0)
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
     if MASK and SAFE:
         # Mask after the arithmetic: a non-finite k or v row makes a whole column of s or dP NaN, and 0 * NaN would
         # carry it into the rows that cannot see that key. Those NaN stay in the visible entries, so the rows that
         # see the key still turn NaN; zeroing the bad k rows (already used by s) keeps them out of dS @ K.
-        m_vis = visible(o_t, o_s, W)
+        m_vis = visible(o_t, o_s, W, WR, T, KEYS_FIRST=False, CAUSAL=CAUSAL)
         b_p = tl.where(m_vis, b_p, 0)
         b_dp = tl.where(m_vis, b_dp, 0)
         b_k, _ = finite_rows(b_k)
@@ -409,10 +433,10 @@ def dq_block(
 
 @triton.jit
 def dq_tile(
-    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, cap_in, stride_k, stride_v,
+    b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, gk_base, o_t, t0, T, W, qk_scale, cap_in, WR, stride_k, stride_v,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr, COMPUTE_DQ: tl.constexpr,
-    SAFE: tl.constexpr, SOFTCAP: tl.constexpr,
+    SAFE: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """dQ's key loop for the query tile [t0, t0 + BT), over the forward's key ranges: (dq unscaled, and the row
     sums of `dq_block`)."""
@@ -421,26 +445,26 @@ def dq_tile(
     b_pdp = tl.zeros([BT], dtype=tl.float32)
     b_off_pdp = tl.zeros([BT], dtype=tl.float32)
     b_off_p = tl.zeros([BT], dtype=tl.float32)
-    lo, mid, end = key_ranges(t0, T, W, BT=BT, BS=BS)
+    lo, mid, hi, end = key_ranges(t0, T, W, WR, BT=BT, BS=BS, CAUSAL=CAUSAL)
     b_gk = key_gate(gk_base, lo, T, BS=BS, USE_G=USE_G)
     for i_s in range(lo, mid, BS):
         b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
             b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s,
-            T, W, qk_scale, cap_in, stride_k, stride_v,
+            T, W, qk_scale, cap_in, WR, stride_k, stride_v,
             K=K, V=V, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, MASK=True, FULL=True, DOT_PREC=DOT_PREC,
-            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE, SOFTCAP=SOFTCAP)
-    for i_s in range(mid, t0, BS):
+            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
+    for i_s in range(mid, hi, BS):
         b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
             b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s,
-            T, W, qk_scale, cap_in, stride_k, stride_v,
+            T, W, qk_scale, cap_in, WR, stride_k, stride_v,
             K=K, V=V, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, MASK=False, FULL=True, DOT_PREC=DOT_PREC,
-            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE, SOFTCAP=SOFTCAP)
-    for i_s in range(t0, end, BS):
+            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
+    for i_s in range(hi, end, BS):
         b_dq, b_pdp, b_off_pdp, b_off_p, b_gk = dq_block(
             b_q, b_do, b_dq, b_pdp, b_off_pdp, b_off_p, b_lse, b_delta, b_gq, b_gk, k_base, v_base, gk_base, o_t, i_s,
-            T, W, qk_scale, cap_in, stride_k, stride_v,
+            T, W, qk_scale, cap_in, WR, stride_k, stride_v,
             K=K, V=V, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, MASK=True, FULL=False, DOT_PREC=DOT_PREC,
-            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE, SOFTCAP=SOFTCAP)
+            USE_G=USE_G, COMPUTE_DQ=COMPUTE_DQ, SAFE=SAFE, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     return b_dq, b_pdp, b_off_pdp, b_off_p
 
 
@@ -461,10 +485,11 @@ def query_rows(lse_base, delta_base, gq_base, i_t, T, BS: tl.constexpr, USE_G: t
 @triton.jit
 def dkv_block(
     b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base, ds,
-    ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, stride_q, stride_do, sink2,
+    ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, WR, stride_q, stride_do, sink2,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, MASK: tl.constexpr, FULL: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr,
     STORE_DS: tl.constexpr, SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     """dK/dV contribution of queries [i_t, i_t + BS) to the key tile o_s, in transposed ([keys, queries]) form.
     FULL: every query of the block exists (see `load_rows`). STORE_DS: also store the 16-bit dS^T tile that the dK
@@ -495,7 +520,7 @@ def dkv_block(
         b_st += b_gq[None, :] - b_gk[:, None]
     b_pt = tl.exp2(b_st - b_lse[None, :])
     if MASK and not SAFE:
-        b_pt = tl.where(visible(o_s, o_t, W, KEYS_FIRST=True), b_pt, 0)
+        b_pt = tl.where(visible(o_s, o_t, W, WR, T, KEYS_FIRST=True, CAUSAL=CAUSAL), b_pt, 0)
     if MASK and SAFE:
         # Keep a non-finite query row (q, dO, or the lse/delta of a row that depends on one) out of the keys that
         # cannot see it, where 0 * NaN = NaN: zero the bad q and dO rows (q is already used by s^T) and mask P^T
@@ -504,7 +529,7 @@ def dkv_block(
         # does not depend on it), hence the second mask; a bad v row only reaches its own key's dP^T row.
         b_q, _ = finite_rows(b_q)
         b_do, b_zdo = finite_rows(b_do)
-        m_vis = visible(o_s, o_t, W, KEYS_FIRST=True)
+        m_vis = visible(o_s, o_t, W, WR, T, KEYS_FIRST=True, CAUSAL=CAUSAL)
         b_pt = tl.where(m_vis, b_pt + b_zdo[None, :], 0)
     b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=DOT_PREC)
     b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PREC)
@@ -545,10 +570,10 @@ def dkv_block(
 @triton.jit
 def dkv_one_head(
     b_k, b_v, b_dk, b_dv, b_gk, q_base, do_base, lse_base, delta_base, gq_base, dgk_base, ds, ds_tile0, s0,
-    T, W, Q0, qk_scale, cap_in, stride_q, stride_do, sink2,
+    T, W, Q0, qk_scale, cap_in, WR, stride_q, stride_do, sink2,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr,
-    SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
+    SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
     gradient dgc w.r.t. the gate's cumsum for the tile's tokens.
@@ -569,17 +594,18 @@ def dkv_one_head(
     TAIL_Q: only positions [Q0, T) are queries (Q0 a multiple of BS; `parallel._query_tile`): each range starts at
     Q0 at the earliest, so the ranges stay consecutive BS-blocks (from max(s0, Q0)) and no row before Q0 is read.
     """
+    tl.static_assert(CAUSAL or not (USE_G or TAIL_Q or STORE_DS), "gates, tail queries and dS tiles are causal")
     o_s = s0 + tl.arange(0, BT)
     m_s = o_s < T
     if STORE_DS:
         ds_tile0 += s0 // BT  # this key tile in query block 0's row of tiles
     # [BT]
     b_dgk = tl.zeros([BT], dtype=tl.float32)
-    diag, hi, end = query_ranges(s0, T, W, BT=BT, BS=BS)
+    first, diag, hi, end = query_ranges(s0, T, W, WR, BT=BT, BS=BS, CAUSAL=CAUSAL)
     # A partial last block (T not a multiple of BS) of the unmasked range goes to the masked one, whose mask it
     # passes whole: the unmasked loop then loads only full blocks, without per-row predicates (see `load_rows`).
     hi = tl.maximum(diag, tl.minimum(hi, T // BS * BS))
-    t_diag, t_full, t_mask = s0, diag, hi
+    t_diag, t_full, t_mask = first, diag, hi
     if TAIL_Q:
         t_diag, t_full, t_mask = tl.maximum(s0, Q0), tl.maximum(diag, Q0), tl.maximum(hi, Q0)
     # The three ranges are consecutive BS-blocks from t_diag, so the one-ahead prefetch runs across them.
@@ -587,21 +613,21 @@ def dkv_one_head(
     for i_t in range(t_diag, diag, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds, ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, stride_q, stride_do, sink2,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, WR, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     for i_t in range(t_full, hi, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds, ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, stride_q, stride_do, sink2,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, WR, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=False, FULL=True, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     for i_t in range(t_mask, end, BS):
         b_dk, b_dv, b_dgk, b_lse, b_delta, b_gq = dkv_block(
             b_k, b_v, b_dk, b_dv, b_dgk, b_gk, b_lse, b_delta, b_gq, q_base, do_base, lse_base, delta_base, gq_base,
-            ds, ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, stride_q, stride_do, sink2,
+            ds, ds_tile0, o_s, i_t, T, W, qk_scale, cap_in, WR, stride_q, stride_do, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if USE_G and not STORE_DS:
         tl.store(dgk_base + o_s, -b_dgk, mask=m_s)
     if SINK_SUM:

@@ -16,6 +16,7 @@ def naive_parallel_attn(
     *,
     g: Optional[torch.Tensor] = None,
     sink_bias: Optional[torch.Tensor] = None,
+    causal: bool = True,
     softcap: Optional[float] = None,
     return_lse: bool = False,
 ):
@@ -26,7 +27,9 @@ def naive_parallel_attn(
         k: `[B, T, H, K]`, HQ a multiple of H (query head h reads KV head h // (HQ // H)).
         v: `[B, T, H, V]`; V may differ from K.
         scale: defaults to K ** -0.5.
-        window_size: W; query i sees keys [i - W + 1, i]. None means full causal.
+        window_size: W; query i sees keys [i - W + 1, i]. None means full causal. Or a pair (left, right): keys
+            i - left .. i + right, -1 for no bound (right 0 or -1 when causal).
+        causal: False: keys after the query too (within a pair window_size).
         g: `[B, T, HQ]` log forget gate; score(i, j) += gc_i - gc_j with gc the cumulative sum of g over T.
         sink_bias: `[HQ]`; one extra logit per head in the softmax denominator only.
 
@@ -53,9 +56,20 @@ def naive_parallel_attn(
         gc = rearrange(g.float().cumsum(1), "b t hq -> b hq t")  # gc, the gate's cumsum over T
         s = s + gc[..., :, None] - gc[..., None, :]
     i = torch.arange(T, device=q.device)
-    visible = i[:, None] >= i[None, :]
-    if window_size is not None:
-        visible = visible & (i[:, None] - i[None, :] < window_size)
+    d = i[:, None] - i[None, :]  # query - key
+    if isinstance(window_size, (tuple, list)):
+        left, right = window_size
+        visible = torch.ones_like(d, dtype=torch.bool)
+        if left >= 0:
+            visible = visible & (d <= left)
+        if right >= 0 and not causal:
+            visible = visible & (d >= -right)
+        if causal:
+            visible = visible & (d >= 0)
+    else:
+        visible = d >= 0 if causal else torch.ones_like(d, dtype=torch.bool)
+        if window_size is not None:
+            visible = visible & (d < window_size)
     s = s.masked_fill(~visible, float("-inf"))
     if sink_bias is not None:
         sink = repeat(sink_bias.float(), "hq -> b hq t 1", b=B, t=T)  # one more logit per row

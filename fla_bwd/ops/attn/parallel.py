@@ -37,7 +37,7 @@ from fla_bwd.ops.attn.inner import (
     query_tile,
     score_scales,
 )
-from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale, resolve_softcap
+from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale, resolve_softcap, resolve_window
 
 LN2 = tl.constexpr(0.6931471805599453)  # base-2 lse times ln 2: the user's natural-log lse
 
@@ -50,6 +50,8 @@ _HEURISTICS = {
     "TAIL_Q": lambda args: args["Q0"] is not None,
     # Logit soft-capping (`inner.scores`); None: off, and the kernels compile as they did without it.
     "SOFTCAP": lambda args: args["softcap"] is not None,
+    # Causal (WR None: the kernels compile as they did before non-causal calls), or keys up to WR after the query.
+    "CAUSAL": lambda args: args["WR"] is None,
 }
 # The forward also stores o's rounding residual (EXACT_O) and the user's lse (LSE_OUT) where given buffers for them.
 _FWD_HEURISTICS = dict(_HEURISTICS, EXACT_O=lambda args: args["o_lo"] is not None,
@@ -92,21 +94,22 @@ def _o_tile(base, qbos, i_hq, o_t, o_v, HQ: tl.constexpr, V: tl.constexpr):
 
 
 @triton.heuristics(_FWD_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+@triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B"])
 def parallel_attn_fwd_kernel(
-    q, k, v, o, o_lo, lse, lse_out, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, softcap, T, W,
+    q, k, v, o, o_lo, lse, lse_out, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, softcap, T, W, WR,
     NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, EXACT_O: tl.constexpr, LSE_OUT: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
     input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: also o_lo (o's shape, int8),
     how far the fp32 o is from o rounded (`inner.o_lo_encode`): o and o_lo give the fp32 o to 2**-16 of |o|.
     LSE_OUT: also the user's lse (`return_lse`): natural log, token-major `[B * T, HQ]` fp32."""
     tl.static_assert(not (LSE_OUT and TAIL_Q), "tail queries return no lse")
+    tl.static_assert(CAUSAL or not (USE_G or TAIL_Q), "a gate and tail queries need causal attention")
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
@@ -129,13 +132,15 @@ def parallel_attn_fwd_kernel(
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
     qk_scale, cap_in = score_scales(scale, softcap, SOFTCAP=SOFTCAP)
     b_o, b_m, b_l = fwd_tile(
-        b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, H * K, H * V,
-        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP, SOFTCAP=SOFTCAP)
+        b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, WR, H * K, H * V,
+        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=CONTAIN == FIXUP, SOFTCAP=SOFTCAP,
+        CAUSAL=CAUSAL)
     if CONTAIN == INLINE:
         if any_nonfinite(b_o):
             b_o, b_m, b_l = fwd_tile(
-                b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, H * K, H * V,
-                K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=True, SOFTCAP=SOFTCAP)
+                b_q, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, WR, H * K, H * V,
+                K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=True, SOFTCAP=SOFTCAP,
+                CAUSAL=CAUSAL)
     if CONTAIN == FLAG:
         tl.store(nonfinite + tl.program_id(0), any_nonfinite(b_o).to(tl.int8))
     if USE_SINK:
@@ -159,11 +164,11 @@ def parallel_attn_fwd_kernel(
 
 @triton.jit
 def _dq_rows(
-    b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, stride_k,
+    b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, WR, stride_k,
     stride_v,
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REFINE_DELTA: tl.constexpr, EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, USE_G: tl.constexpr,
-    SAFE: tl.constexpr, USE_DLSE: tl.constexpr, SOFTCAP: tl.constexpr,
+    SAFE: tl.constexpr, USE_DLSE: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """The dQ kernel's loops for its tile: (dq unscaled, the delta to store for the dK/dV kernel, and the
     off-diagonal row sums of P * dP and P that the query side of dgc needs; see `dq_block`). b_delta is
@@ -173,16 +178,17 @@ def _dq_rows(
     lse's gradient in score s_ij is P_ij, so dS_ij = P_ij * (dP_ij - delta_i + dlse_i)."""
     if EXACT_DELTA:
         _, b_delta, b_off_pdp, b_off_p = dq_tile(
-            b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, stride_k,
+            b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, WR, stride_k,
             stride_v,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=True, DOT_PREC=DOT_PREC, USE_G=USE_G,
-            COMPUTE_DQ=False, SAFE=SAFE, SOFTCAP=SOFTCAP)
+            COMPUTE_DQ=False, SAFE=SAFE, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
         if USE_DLSE:
             b_delta -= b_dlse
     b_dq, b_pdp, b_off_pdp2, b_off_p2 = dq_tile(
-        b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, stride_k, stride_v,
+        b_q, b_do, b_lse, b_delta, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, WR, stride_k,
+        stride_v,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, DOT_PREC=DOT_PREC, USE_G=USE_G,
-        COMPUTE_DQ=True, SAFE=SAFE, SOFTCAP=SOFTCAP)
+        COMPUTE_DQ=True, SAFE=SAFE, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if REFINE_DELTA:
         b_delta, b_off_pdp, b_off_p = b_pdp, b_off_pdp2, b_off_p2
         if USE_DLSE:
@@ -193,15 +199,15 @@ def _dq_rows(
 
 
 @triton.heuristics(_DQ_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "NTOK", "B"])
+@triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
     q, k, v, o, do, dq, dgc_q, lse, dlse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens,
-    chunk_indices, scale, softcap, T, W, NTOK, B, Q0,
+    chunk_indices, scale, softcap, T, W, WR, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr,
     EXACT_DELTA: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
-    USE_DLSE: tl.constexpr, SOFTCAP: tl.constexpr,
+    USE_DLSE: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """dQ for one query tile of one query head, over the same key ranges as the forward, and delta for the dK/dV
     kernel (`host.add_dq` says which delta). By default it computes delta = rowsum(o * dO) of its rows and stores
@@ -215,6 +221,7 @@ def parallel_attn_bwd_kernel_dq(
     kernels after this one need nothing else for it."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     tl.static_assert(not (USE_DLSE and TAIL_Q), "tail queries take no lse gradient")
+    tl.static_assert(CAUSAL or not (USE_G or TAIL_Q), "a gate and tail queries need causal attention")
     tl.static_assert(not (REFINE_DELTA and EXACT_DELTA), "one way of computing delta")
     # Whether the delta stored for the dK/dV kernel comes out of the loops (rowsum(P * dP)), not from o and dO.
     LOOP_DELTA: tl.constexpr = REFINE_DELTA or EXACT_DELTA
@@ -258,9 +265,9 @@ def parallel_attn_bwd_kernel_dq(
         b_gq = tl.load(g_base + o_t, mask=m_t, other=0)
     qk_scale, cap_in = score_scales(scale, softcap, SOFTCAP=SOFTCAP)
     b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
-        b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, H * K,
+        b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in, WR, H * K,
         H * V, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA, EXACT_DELTA=EXACT_DELTA,
-        DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=CONTAIN == FIXUP, USE_DLSE=USE_DLSE, SOFTCAP=SOFTCAP)
+        DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=CONTAIN == FIXUP, USE_DLSE=USE_DLSE, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dq)
         if LOOP_DELTA:  # the row sums the loops computed (a SAFE pass gives o * dO's the same)
@@ -269,9 +276,10 @@ def parallel_attn_bwd_kernel_dq(
             if bad:
                 b_dq, b_delta_out, b_off_pdp, b_off_p = _dq_rows(
                     b_q, b_do, b_lse, b_delta, b_dlse, b_gq, k_base, v_base, g_base, o_t, t0, T, W, qk_scale, cap_in,
+                    WR,
                     H * K, H * V, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, REFINE_DELTA=REFINE_DELTA,
                     EXACT_DELTA=EXACT_DELTA, DOT_PREC=DOT_PREC, USE_G=USE_G, SAFE=True, USE_DLSE=USE_DLSE,
-                    SOFTCAP=SOFTCAP)
+                    SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     tl.store(dq + p_q, (b_dq * scale).to(dq.dtype.element_ty), mask=m_q)
@@ -334,11 +342,11 @@ def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr,
 @triton.jit
 def _dkv_heads(
     q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head, ds_slot0,
-    bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in,
+    bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in, WR,
     HQ: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
     SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, SINK_SUM: tl.constexpr,
-    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
+    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
     then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`). STORE_DS: head
@@ -381,9 +389,9 @@ def _dkv_heads(
             dgk_base = sink_part + i_hq.to(tl.int64) * (NTOK // T * NT) + bos // T * NT + s0 // BT
         b_dk, b_dv = dkv_one_head(
             b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
-            delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, cap_in, HQ * K, HQ * V, sink2,
+            delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, cap_in, WR, HQ * K, HQ * V, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     return b_dk, b_dv
 
 
@@ -404,12 +412,12 @@ def _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ: tl.constexpr, BP: tl.cons
 def _dkv_tile(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale,
     softcap, i_h,
-    i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0,
+    i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s, T, W, WR, NTOK, NTILE, Q0,
     HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
     STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, SINK_SUM: tl.constexpr,
-    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
+    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """Both dK/dV kernels' body: K/V tile of KV head i_h, query heads [i_hq0, i_hq0 + NUM_HEADS), store into row
     i_head of `[B, T, NH, *]`, containing NaN/Inf as CONTAIN says (see `host.add_contained`; the key side of dgc
@@ -420,20 +428,20 @@ def _dkv_tile(
     qk_scale, cap_in = score_scales(scale, softcap, SOFTCAP=SOFTCAP)
     b_dk, b_dv = _dkv_heads(
         q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head,
-        ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in,
+        ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in, WR,
         HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
         SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
-        DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
+        DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
         if CONTAIN == INLINE:
             if bad:
                 b_dk, b_dv = _dkv_heads(
                     q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0,
-                    i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in,
+                    i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in, WR,
                     HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
                     DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
-                    DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
+                    DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     if DK_FROM_DS:
@@ -446,10 +454,10 @@ def _dkv_tile(
 
 # The dK/dV kernels take the dQ kernel's dsink partials instead of the sink itself.
 _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
-                   "TAIL_Q": _HEURISTICS["TAIL_Q"], "SOFTCAP": _HEURISTICS["SOFTCAP"],
+                   "TAIL_Q": _HEURISTICS["TAIL_Q"], "SOFTCAP": _HEURISTICS["SOFTCAP"], "CAUSAL": _HEURISTICS["CAUSAL"],
                    "USE_SINK": lambda args: args["dsink"] is not None}
 # The dS-storing kernel: how it stores dS follows from CONTAIN (`ds_store_mode`), ACC_IN from its input sums.
-_DKV_DS_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "SOFTCAP": _HEURISTICS["SOFTCAP"],
+_DKV_DS_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "SOFTCAP": _HEURISTICS["SOFTCAP"], "CAUSAL": _HEURISTICS["CAUSAL"],
                       "USE_SINK": lambda args: args["sink_bias"] is not None,
                       "STORE_DS": lambda args: ds_store_mode(args["ds"], args["CONTAIN"]),
                       "ACC_IN": lambda args: args["dv_in"] is not None}
@@ -464,14 +472,14 @@ def ds_store_mode(ds, contain: int) -> int:
 
 
 @triton.heuristics(_DKV_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
+@triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_query_head(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    scale, softcap, T, W, NTOK, B, NUM_PARTIALS, Q0,
+    scale, softcap, T, W, WR, NTOK, B, NUM_PARTIALS, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, SOFTCAP: tl.constexpr,
+    CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """Query-head-owned dK/dV: one program per (key tile, query head). Writes `[B, T, HQ, *]` buffers (fp32 when G > 1;
     the host then sums each group of G heads). With a sink, program 0 also completes dsink (`_sum_dsink`)."""
@@ -482,24 +490,25 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
     i_hq, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale, softcap,
-        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, NTOK=NTOK,
+        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, WR=WR,
+        NTOK=NTOK,
         NTILE=0, Q0=Q0, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
         DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q, STORE_DS=False, ACC_IN=False, ACC_OUT=False,
-        SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP)
+        SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
 
 
 @triton.heuristics(_DKV_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NUM_PARTIALS"])
+@triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_kv_head(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    scale, softcap, T, W, NTOK, B, NUM_PARTIALS, Q0,
+    scale, softcap, T, W, WR, NTOK, B, NUM_PARTIALS, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr, SOFTCAP: tl.constexpr,
+    CONTAIN: tl.constexpr, SPLIT: tl.constexpr, TAIL_Q: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """GQA dK/dV: one program per (key tile, KV head) owns the final gradient of its tile. It loads K/V once,
     loops over the G query heads of its group with fp32 accumulators, and stores `[B, T, H, *]` in the inputs'
@@ -520,25 +529,26 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale, softcap,
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
-        W=W, NTOK=NTOK, NTILE=None, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT,
+        W=W, WR=WR, NTOK=NTOK, NTILE=None, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q,
-        STORE_DS=0, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP)
+        STORE_DS=0, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
 
 
 @triton.heuristics(_DKV_DS_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "NTOK", "B", "NTILE", "G0"])
+@triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
     q, k, v, do, dk, dv, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale, softcap, T, W,
+    WR,
     NTOK,
     B, NTILE, G0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, SPLIT: tl.constexpr,
     STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, CHUNK: tl.constexpr, HEADS: tl.constexpr,
-    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr,
+    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """The five-product backward's dK/dV (`from_ds.py`; dense, every query): the KV-head-owned kernel's
     loops over HEADS query heads of each program's share of a group, heads [G0, G0 + HEADS) of the share, of a
@@ -567,9 +577,10 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
         q, k, v, do, dk, dv, None, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale,
         softcap,
         i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
-        W=W, NTOK=NTOK, NTILE=NTILE, Q0=None, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS,
+        W=W, WR=WR, NTOK=NTOK, NTILE=NTILE, Q0=None, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS,
         K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=False,
-        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT, SINK_SUM=USE_SINK, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP)
+        STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT, SINK_SUM=USE_SINK, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP,
+        CAUSAL=CAUSAL)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -587,6 +598,7 @@ def parallel_attn(
     chunk_indices: Optional[torch.Tensor] = None,
     *,
     sink_bias: Optional[torch.Tensor] = None,
+    causal: bool = True,
     softcap: Optional[float] = None,
     return_lse: bool = False,
     **kwargs,
@@ -602,7 +614,8 @@ def parallel_attn(
         scale: score scale; defaults to K ** -0.5. Must be finite in fp32.
         window_size: optional W >= 1; query i sees keys [i - W + 1, i] (flash-attn's `(W - 1, 0)`). None (or
             W >= T) is full causal. 0 is FLA's "no key visible", allowed with `sink_bias` only: o is 0 and every
-            gradient 0 (the sink takes all the mass).
+            gradient 0 (the sink takes all the mass). Or flash-attn's pair (left, right): query i sees keys
+            i - left .. i + right, -1 for no bound on that side (with causal=True, right is 0 or -1).
         cu_seqlens: optional `[N + 1]` int32/int64 offsets of N packed sequences (FlashAttention convention:
             starts at 0, non-decreasing, ends at T); requires B == 1. Attention never crosses a sequence boundary
             and the gate's cumsum restarts at each sequence start.
@@ -610,6 +623,8 @@ def parallel_attn(
             and checked for FLA's calls, not read (this package tiles from `cu_seqlens` itself).
         sink_bias: optional `[HQ]` attention-sink logits (GPT-OSS): one extra logit per query head in the softmax
             denominator only; fp16, bf16, fp32 or fp64. Its gradient is computed in fp32, returned in sink_bias's dtype.
+        causal: False: every query sees every key of its sequence (within window_size, a pair then), keyword only;
+            a gate needs causal=True.
         softcap: optional logit soft-capping (Gemma 2), keyword only: scores become
             softcap * tanh(scale * q.k / softcap) before the gate's bias and the sink. None or 0.0: off.
         return_lse: also return lse (keyword only).
@@ -634,7 +649,7 @@ def parallel_attn(
     FLA_BWD_DQ_PATH seven products ("recompute") or five ("from-ds", scratch bounded by FLA_BWD_DS_BUDGET_MIB).
     """
     check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices, kwargs, return_lse,
-                      softcap)
+                      softcap, causal)
     if window_size == 0:  # FLA's meaning: no key visible, the sink (required) takes all the mass
         return NoKeyVisible.apply(q, k, v, g, sink_bias, return_lse)
     if q.is_cuda and torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
@@ -647,8 +662,9 @@ def parallel_attn(
     sink_bias = sink_bias.contiguous() if sink_bias is not None else None  # the kernels cast it to fp32 on load
     # The kernels read cu_seqlens with unit stride.
     cu_seqlens = cu_seqlens.contiguous() if cu_seqlens is not None else None
-    args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), window_size or 0, return_lse,
-            resolve_softcap(softcap))
+    W, WR = resolve_window(window_size, causal)
+    args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), W, return_lse,
+            resolve_softcap(softcap), WR)
     if torch.compiler.is_compiling():
         o, _, _, lse = parallel_attn_fwd_op(*args)
         return (o, lse) if return_lse else o

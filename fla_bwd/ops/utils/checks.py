@@ -193,7 +193,7 @@ def check_fla_kwargs(kwargs: dict) -> None:
     names = ", ".join(sorted(kwargs))
     raise TypeError(f"parallel_attn got unexpected keyword argument(s) {names}: FLA's parallel_attn ignores unknown "
                     f"keywords, this one refuses them; its arguments are q, k, v, g, scale, window_size, "
-                    f"cu_seqlens, chunk_indices, sink_bias, softcap and return_lse")
+                    f"cu_seqlens, chunk_indices, sink_bias, causal, softcap and return_lse")
 
 
 def check_chunk_indices(chunk_indices, device: torch.device) -> None:
@@ -212,11 +212,13 @@ def check_chunk_indices(chunk_indices, device: torch.device) -> None:
 
 
 def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices=None,
-                      kwargs=None, return_lse=False, softcap=None) -> None:
+                      kwargs=None, return_lse=False, softcap=None, causal=True) -> None:
     """Validate `parallel_attn`'s arguments (see its docstring for the shapes); `chunk_indices` and `kwargs` (the
     extra keywords) are FLA's (`check_chunk_indices`, `check_fla_kwargs`)."""
     if kwargs:
         check_fla_kwargs(kwargs)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool (True: return (o, lse)), got {type(return_lse).__name__}")
     if softcap is not None:
@@ -272,10 +274,19 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
             raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
         if not abs(scale) <= FP32_MAX:  # the kernels take it in fp32
             raise ValueError(f"scale must be finite in float32 (|scale| <= {FP32_MAX:.6g}), got {scale}")
-    if window_size is not None:
+    if not causal and g is not None:
+        raise ValueError("a forget gate g needs causal attention (its bias gc_i - gc_j sums the gates between key j "
+                         "and query i): pass causal=True, or g=None")
+    if isinstance(window_size, (tuple, list)):
+        _check_window_pair(window_size, causal)
+    elif window_size is not None:
         if isinstance(window_size, bool) or not isinstance(window_size, int):
-            raise TypeError(f"window_size must be a non-negative int or None, got {type(window_size).__name__}"
-                            f"{_window_hint(window_size)}")
+            raise TypeError(f"window_size must be an int, a (left, right) pair of ints or None, got "
+                            f"{type(window_size).__name__}")
+        if not causal:
+            raise ValueError(f"window_size={window_size} (an int: W keys ending at the query) is causal; with "
+                             f"causal=False pass a pair (left, right): query i sees keys i - left .. i + right, "
+                             f"-1 for no bound on that side")
         if window_size < 0:
             raise ValueError(f"window_size must be >= 0 (W >= 1: query i sees keys [i - W + 1, i]; 0: no key, "
                              f"with sink_bias only), got {window_size}")
@@ -300,21 +311,28 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
         check_runnable("q", q)
 
 
-def _window_hint(window_size) -> str:
-    """For a window_size in flash-attn's `(left, right)` form: the int (or None) that means the same here."""
-    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2
-            and all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
-        return ""
+def _check_window_pair(window_size, causal: bool) -> None:
+    """flash-attn's `window_size=(left, right)`: query i sees keys i - left .. i + right, -1 for no bound."""
+    if len(window_size) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size):
+        raise TypeError(f"window_size as a pair must be (left, right), two ints, got {window_size!r}")
     left, right = window_size
-    if right > 0:
-        return (f" {window_size!r}: flash-attn's window_size=(left, right) with right > 0 lets a query see "
-                f"{right} later key(s); this attention is causal (query i sees keys up to i), so no right window "
-                f"is supported: flash-attn's (left, 0) is window_size=left + 1 here")
-    if left < 0:
-        return (f" {window_size!r}: flash-attn's (-1, {right}) is no window (full causal attention): pass "
-                f"window_size=None")
-    return (f" {window_size!r}: flash-attn's window_size=(left, 0) (query i sees keys [i - left, i]) is "
-            f"window_size=left + 1 here (W keys, the query's own included): pass window_size={left + 1}")
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size=(left, right) takes ints >= -1 (-1: no bound on that side), got "
+                         f"{window_size!r}")
+    if causal and right > 0:
+        raise ValueError(f"window_size={window_size!r} lets a query see {right} later key(s), which causal "
+                         f"attention does not: pass causal=False, or a right side of 0 (or -1)")
+
+
+def resolve_window(window_size, causal: bool = True) -> tuple:
+    """(W, WR) of a checked window_size: query i sees keys [i - W + 1, i + WR]; W 0: no bound on the left (FLA's
+    int 0, no key at all, is the caller's to handle first); WR None: causal (no key after the query), -1: no bound
+    on the right."""
+    if isinstance(window_size, (tuple, list)):
+        left, right = window_size
+        W = 0 if left < 0 else left + 1
+        return W, None if causal else right
+    return window_size or 0, None if causal else -1
 
 
 class LayoutWarning(UserWarning):
