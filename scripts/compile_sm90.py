@@ -277,7 +277,8 @@ def _features(D: int, dtype, t, plain: list, dkv: dict, no_ds: dict):
         moded.append(("dkv_store_ds_softcap_sink", ds_kernel, store, "dkv_ds"))
     ungated = dict(g_cumsum=None, WR=50)
     moded += [("fwd_noncausal", P.parallel_attn_fwd_kernel, dict(fwd, **ungated), "fwd"),
-              ("dq_noncausal", P.parallel_attn_bwd_kernel_dq, dict(dq, dgc_q=None, REFINE_DELTA=False, **ungated), "dq"),
+              ("dq_noncausal", P.parallel_attn_bwd_kernel_dq, dict(dq, dgc_q=None, REFINE_DELTA=False, **ungated),
+               "dq"),
               ("dkv_per_kv_head_noncausal", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
                dict(dkv_kv, dgc_k=None, **ungated), "dkv")]
     bk = max(16, triton.next_power_of_2(D))
