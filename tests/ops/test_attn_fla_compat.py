@@ -67,7 +67,7 @@ def test_head_first_refused_as_in_fla():
             parallel_attn(q, k, v, head_first=value)
 
 
-@pytest.mark.parametrize("name", ["chunk_size", "windows_size", "causal"])
+@pytest.mark.parametrize("name", ["chunk_size", "windows_size", "dropout_p"])
 def test_unknown_keywords_refused(name):
     """FLA swallows unknown keywords (**kwargs); this package refuses them so that a misspelt one is not ignored."""
     q, k, v = _inputs()
