@@ -97,7 +97,7 @@ def test_causal_pair_window_is_the_int_window(left):
     W = None if left < 0 else left + 1
     want = run_parallel(case, x, lambda x: parallel_attn(x.q, x.k, x.v, window_size=W))
     for right in (0, -1):
-        got = run_parallel(case, x, lambda x: parallel_attn(x.q, x.k, x.v, window_size=(left, right)))
+        got = run_parallel(case, x, lambda x, r=right: parallel_attn(x.q, x.k, x.v, window_size=(left, r)))
         for name in want:
             assert torch.equal(want[name], got[name]), (name, right)
 

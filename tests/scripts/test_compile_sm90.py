@@ -25,8 +25,8 @@ import torch
 import compile_sm90
 from fla_bwd.ops.attn.from_ds import delta_kernel
 t = torch.empty(1, dtype=torch.bfloat16)
-c = compile_sm90.compile_sm90(delta_kernel, dict(o=t, o_lo=None, do=t, dlse=None, delta=torch.empty(1), R=1024, NTOK=64, HQ=16,
-                                                 V=128, BR=32, BV=128), 4, 2)
+c = compile_sm90.compile_sm90(delta_kernel, dict(o=t, o_lo=None, do=t, dlse=None, delta=torch.empty(1), R=1024,
+                                                 NTOK=64, HQ=16, V=128, BR=32, BV=128), 4, 2)
 print(next(line for line in c.asm["ttir"].splitlines() if "tt.func" in line))
 """
 
