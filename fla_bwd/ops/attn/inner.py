@@ -108,12 +108,13 @@ def query_ranges(s0, T, W, WR, BT: tl.constexpr, BS: tl.constexpr, CAUSAL: tl.co
     """Query blocks for the key tile [s0, s0 + BT), in three consecutive ranges: [first, diag) need the mask,
     [diag, hi) see every key of the tile, [hi, end) need the mask. Causal: key j is seen by queries [j, j + W - 1],
     and [first, diag) is the diagonal from first = s0. Else by queries [j - WR, j + W - 1]."""
-    end = tl.minimum(s0 + BT + W - 1, T)
-    if CAUSAL:
+    if CAUSAL:  # in the order that the causal kernels' code has always had
         diag = tl.minimum(s0 + BT, T)
+        end = tl.minimum(s0 + BT + W - 1, T)
         hi = tl.maximum(diag, tl.minimum((s0 + W) // BS * BS, end))
         first = s0
     else:
+        end = tl.minimum(s0 + BT + W - 1, T)
         first = tl.maximum(s0 - WR, 0) // BS * BS
         top = tl.minimum((s0 + W) // BS * BS, end)  # blocks up to the last query that sees the tile's first key
         diag = tl.maximum(first, tl.minimum(tl.cdiv(tl.maximum(s0 + BT - 1 - WR, 0), BS) * BS, top))
