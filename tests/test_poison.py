@@ -45,7 +45,7 @@ def test_package_buffers_are_poisoned():
     mp = pytest.MonkeyPatch()
     try:
         mp.setattr(launch.Launch, "__call__", record)
-        o, lse, _, _, _ = host.forward(q, q, q, None, None, None, 0.25, 4)
+        o, lse, _, _, _, _ = host.forward(q, q, q, None, None, None, 0.25, 4)
     finally:
         mp.undo()
     assert len(calls) == 1 and torch.isnan(o).all() and torch.isnan(lse).all()
