@@ -90,6 +90,7 @@ def _worker(rank: int, N: int, port: int, folder: str) -> None:
     else:
         expect(lambda: context_parallel_attn(q, k, k))
     expect(lambda: context_parallel_attn(q, k, k, layout="zigzag"))
+    expect(lambda: context_parallel_attn(q, k, k, window_size=(8, 0)))  # parallel_attn's pairs: not here
     if rank == 0:
         refs = {}
         for case in cases:
@@ -192,6 +193,7 @@ def test_context_parallel_matches_one_process(N, T, kinds, tmp_path):
         assert "different" in errors[3] or "rejected" in errors[3], errors[3]
         assert ("rejected" in errors[4]) if r != N - 1 else ("dtype" in errors[4] or "v" in errors[4]), errors[4]
         assert "layout" in errors[5]
+        assert "window_size as an int or None" in errors[6] and "window_size=left + 1" in errors[6], errors[6]
 
 
 def test_chunk_plan():

@@ -110,6 +110,9 @@ def _local_error(q, k, v, g, scale, window_size, sink_bias, cu_seqlens, layout, 
         check_attn_inputs(q, k, v, g, scale, window_size, None, sink_bias, None, {})
     except (ValueError, TypeError) as e:
         return str(e)
+    if isinstance(window_size, (tuple, list)):
+        return (f"context_parallel_attn takes window_size as an int or None (causal attention only), got "
+                f"{window_size!r}: flash-attn's (left, 0) is window_size=left + 1, (-1, 0) is None")
     if window_size == 0:
         return "context_parallel_attn: window_size=0 (no key visible) is not supported; use None for full causal"
     C = q.shape[1]
@@ -355,7 +358,8 @@ def context_parallel_attn(
     and window. Returns this rank's `[B, C, HQ, V]` o: the rows `parallel_attn` gives for these tokens on the
     gathered sequence; gradients likewise (dk, dv, dg for this rank's tokens; dsink the whole sum on every rank).
     C must be the same on every rank and a multiple of `host.tail_alignment` (two of them for "balanced"): 32
-    under the interpreter, 128 on a GPU in 16 bits. Packed sequences (`cu_seqlens`) are not supported.
+    under the interpreter, 128 on a GPU in 16 bits. Packed sequences (`cu_seqlens`) are not supported, nor are
+    `parallel_attn`'s `causal=False`, window pairs, `softcap` and `return_lse` (not arguments here).
     Invalid input raises ValueError on every rank before any collective can hang."""
     rank, N = _check(q, k, v, g, scale, window_size, sink_bias, cu_seqlens, layout, group)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
