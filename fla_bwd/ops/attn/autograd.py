@@ -22,6 +22,17 @@ _NOT_TWICE = ("parallel_attn does not support double backward (a gradient of its
               "its backward is not differentiable")
 
 
+def pad_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """(q, 0), or for a q shorter than k whose offset Tk - Tq is no multiple of `host.tail_alignment` (every tile
+    size), (q with that remainder of zero rows in front, their number): the kernels' query tiles then start on
+    tile boundaries. Differentiable; the caller drops those rows of o and lse, so that their dO and dlse are zeros,
+    which contribute exactly nothing to any gradient (dP = 0 and delta = 0, so dS = 0)."""
+    pad = (k.shape[1] - q.shape[1]) % host.tail_alignment(max(q.shape[3], v.shape[3]), q.dtype)
+    if pad:
+        q = torch.nn.functional.pad(q, (0, 0, 0, 0, pad, 0))
+    return q, pad
+
+
 def _empty_f32(device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32, device=device)
 
@@ -50,10 +61,11 @@ def parallel_attn_fwd_op(
 @parallel_attn_fwd_op.register_fake
 def _fwd_fake(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=False, softcap=0.0,
               window_right=None):
-    B, T, HQ, _ = q.shape
+    B, Tq, HQ, _ = q.shape
+    T = k.shape[1]  # the kernels' lse and gc are over the keys' positions
     lse = q.new_empty(HQ, B * T, dtype=torch.float32)
     g_cumsum = q.new_empty(HQ, B * T, dtype=torch.float32) if g is not None else q.new_empty(0, dtype=torch.float32)
-    lse_out = q.new_empty(B, T, HQ, dtype=torch.float32) if return_lse else q.new_empty(0, dtype=torch.float32)
+    lse_out = q.new_empty(B, Tq, HQ, dtype=torch.float32) if return_lse else q.new_empty(0, dtype=torch.float32)
     return q.new_empty(B, T, HQ, v.shape[3]), lse, g_cumsum, lse_out
 
 

@@ -25,7 +25,7 @@ class Shape(NamedTuple):
     scale: float
     W: int  # the window clamped to T (`window`)
     containment: str  # the FLA_BWD_CONTAINMENT setting at the call (`dispatch.knobs`)
-    Q0: int = 0  # tail queries (`host.tail_forward`): q holds positions [Q0, T) of the keys' sequence; 0: all of them
+    Q0: int = 0  # tail queries (q shorter than k): q holds positions [Q0, T) of the keys' sequence; 0: all of them
     softcap: float = 0.0  # logit soft-capping (`inner.scores`); 0: off
     WR: Optional[int] = None  # None: causal; else query i also sees keys up to i + WR (clamped to T, `right_window`)
 
@@ -61,15 +61,18 @@ def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int,
     """The `Call` of validated contiguous inputs under the containment setting `containment`; reads and checks
     `cu_seqlens`' values (`varlen_tiles`). A packed batch of N sequences of one length L > 0 is laid out exactly as
     the dense batch [N, L] (q `[1, N * L, HQ, K]`, and likewise k, v, g, o): it runs as that dense call, on every
-    path the dense call has (`packed_as_dense`)."""
-    B, T, HQ, K = q.shape
+    path the dense call has (`packed_as_dense`). A q shorter than k holds the last positions of each sequence
+    (dense: Q0 = Tk - Tq, a multiple of `host.tail_alignment`, which `autograd.pad_queries` pads q to)."""
+    B, Tq, HQ, K = q.shape
+    T = k.shape[1]
+    Q0 = T - Tq  # before a packed batch's T becomes its sequences' length (packed calls have Tq == T)
     tiles = varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None
     as_dense = tiles is not None and B == 1 and tiles.one_length > 0
     if as_dense:
         B, T, tiles = len(tiles.lengths), tiles.one_length, None
     shape = Shape(q.device, B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, g.dtype if g is not None else None,
                   sink_bias.dtype if sink_bias is not None else None, scale, window(window_size, T), containment,
-                  softcap=softcap, WR=right_window(window_right, T))
+                  Q0=Q0, softcap=softcap, WR=right_window(window_right, T))
     qkv = (aligned(q), aligned(k), aligned(v))
     key = (shape, tiles.key if tiles is not None else None, *qkv, aligned(g), aligned(sink_bias), aligned(cu_seqlens))
     return Call(key, shape, tiles, all(qkv), as_dense)

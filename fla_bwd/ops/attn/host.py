@@ -184,7 +184,7 @@ def add_fwd(plan: Plan, s, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_
     o = plan.empty("o", (s.B, s.T - s.Q0, s.HQ, s.V), s.dtype)
     o_lo = plan.empty("o_lo", (s.B, s.T - s.Q0, s.HQ, s.V), torch.int8) if exact_o else None
     lse = plan.empty("lse", (s.HQ, s.B * s.T), _F32)
-    lse_user = plan.empty("lse_out", (s.B, s.T, s.HQ), _F32) if lse_out else None
+    lse_user = plan.empty("lse_out", (s.B, s.T - s.Q0, s.HQ), _F32) if lse_out else None
     _, NT, args = _common(plan, s, tiles, "fwd")
     if NT > 0:
         add_contained(plan, parallel_attn_fwd_kernel, NT * s.B * s.HQ,
@@ -470,7 +470,10 @@ def _build_backward(s: Shape, tiles: Optional[VarlenTiles], route: dispatch.Rout
     gc = Ref("gc") if s.g_dtype is not None else None
     # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its key
     # side, and the reverse cumsum adds them.
-    dgc_q = plan.empty("dgc_q", (s.HQ, s.B * s.T), _F32) if gc is not None else None
+    dgc_q = None
+    if gc is not None:  # no query before Q0 (tail queries): zeros there, for the reverse cumsum
+        dgc_q = (plan.empty("dgc_q", (s.HQ, s.B * s.T), _F32) if s.Q0 == 0 else
+                 plan.apply("dgc_q", torch.zeros_like, Ref("lse")))
     partials = add_dq(plan, s, tiles, gc, dgc_q, route.delta, dlse)
     add_dkv(plan, s, tiles, gc, route.dkv, route.dkv_tiles, partials)
     if gc is not None:

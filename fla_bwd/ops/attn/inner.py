@@ -593,9 +593,9 @@ def dkv_one_head(
     DK_FROM_DS: b_dk is the block of `dkv_block`'s DK_FROM_DS, not dK.
 
     TAIL_Q: only positions [Q0, T) are queries (Q0 a multiple of BS; `parallel._query_tile`): each range starts at
-    Q0 at the earliest, so the ranges stay consecutive BS-blocks (from max(s0, Q0)) and no row before Q0 is read.
+    Q0 at the earliest, so the ranges stay consecutive BS-blocks (from max(first, Q0)) and no row before Q0 is read.
     """
-    tl.static_assert(CAUSAL or not (USE_G or TAIL_Q or STORE_DS), "gates, tail queries and dS tiles are causal")
+    tl.static_assert(CAUSAL or not (USE_G or STORE_DS), "gates and dS tiles are causal")
     o_s = s0 + tl.arange(0, BT)
     m_s = o_s < T
     if STORE_DS:
@@ -608,7 +608,7 @@ def dkv_one_head(
     hi = tl.maximum(diag, tl.minimum(hi, T // BS * BS))
     t_diag, t_full, t_mask = first, diag, hi
     if TAIL_Q:
-        t_diag, t_full, t_mask = tl.maximum(s0, Q0), tl.maximum(diag, Q0), tl.maximum(hi, Q0)
+        t_diag, t_full, t_mask = tl.maximum(first, Q0), tl.maximum(diag, Q0), tl.maximum(hi, Q0)
     # The three ranges are consecutive BS-blocks from t_diag, so the one-ahead prefetch runs across them.
     b_lse, b_delta, b_gq = query_rows(lse_base, delta_base, gq_base, t_diag, T, BS=BS, USE_G=USE_G)
     for i_t in range(t_diag, diag, BS):

@@ -23,25 +23,27 @@ def naive_parallel_attn(
     """Causal attention computed in fp32 on one batch of equal-length sequences (no packing).
 
     Args:
-        q: `[B, T, HQ, K]`.
+        q: `[B, Tq, HQ, K]`, Tq <= T: the queries sit at the last Tq key positions (bottom-right, query i at key
+            position T - Tq + i).
         k: `[B, T, H, K]`, HQ a multiple of H (query head h reads KV head h // (HQ // H)).
         v: `[B, T, H, V]`; V may differ from K.
         scale: defaults to K ** -0.5.
         window_size: W; query i sees keys [i - W + 1, i]. None means full causal. Or a pair (left, right): keys
             i - left .. i + right, -1 for no bound (right 0 or -1 when causal).
         causal: False: keys after the query too (within a pair window_size).
-        g: `[B, T, HQ]` log forget gate; score(i, j) += gc_i - gc_j with gc the cumulative sum of g over T.
+        g: `[B, T, HQ]` log forget gate, over the key positions; score(i, j) += gc_i - gc_j with gc the cumulative
+            sum of g over T.
         sink_bias: `[HQ]`; one extra logit per head in the softmax denominator only.
 
         softcap: logits softcap * tanh(scale * q.k / softcap) before the gate's bias and the sink (None or 0: off).
         return_lse: also return lse.
 
     Returns:
-        o: `[B, T, HQ, V]` in fp32, or with `return_lse` (o, lse), lse `[B, T, HQ]` fp32: the natural log of each
+        o: `[B, Tq, HQ, V]` in fp32, or with `return_lse` (o, lse), lse `[B, Tq, HQ]` fp32: the natural log of each
         row's softmax denominator (visible keys and the sink). Differentiable with respect to every tensor argument.
     """
-    B, T, HQ, K = q.shape
-    H = k.shape[2]
+    B, Tq, HQ, K = q.shape
+    T, H = k.shape[1], k.shape[2]
     G = HQ // H
     if scale is None:
         scale = K ** -0.5
@@ -49,14 +51,15 @@ def naive_parallel_attn(
     qf = rearrange(q.float(), "b t hq k -> b hq t k")
     kf = repeat(k.float(), "b t h k -> b (h g) t k", g=G)
     vf = repeat(v.float(), "b t h v -> b (h g) t v", g=G)
-    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # [B, HQ, T(query), T(key)]
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # [B, HQ, Tq(query), T(key)]
     if softcap:
         s = softcap * torch.tanh(s / softcap)
     if g is not None:
         gc = rearrange(g.float().cumsum(1), "b t hq -> b hq t")  # gc, the gate's cumsum over T
-        s = s + gc[..., :, None] - gc[..., None, :]
-    i = torch.arange(T, device=q.device)
-    d = i[:, None] - i[None, :]  # query - key
+        s = s + gc[..., T - Tq:, None] - gc[..., None, :]
+    i = torch.arange(T - Tq, T, device=q.device)  # the queries' positions
+    j = torch.arange(T, device=q.device)
+    d = i[:, None] - j[None, :]  # query - key
     if isinstance(window_size, (tuple, list)):
         left, right = window_size
         visible = torch.ones_like(d, dtype=torch.bool)
@@ -72,7 +75,7 @@ def naive_parallel_attn(
             visible = visible & (d < window_size)
     s = s.masked_fill(~visible, float("-inf"))
     if sink_bias is not None:
-        sink = repeat(sink_bias.float(), "hq -> b hq t 1", b=B, t=T)  # one more logit per row
+        sink = repeat(sink_bias.float(), "hq -> b hq t 1", b=B, t=Tq)  # one more logit per row
         s = torch.cat([s, sink], dim=-1)
     p = torch.softmax(s, dim=-1)[..., :T]
     o = rearrange(torch.matmul(p, vf), "b hq t v -> b t hq v")

@@ -107,9 +107,8 @@ def parallel_attn_fwd_kernel(
     """o and the base-2 log-sum-exp (sink included) for one query tile of one query head. CONTAIN says how a NaN/Inf
     input is kept to the outputs that depend on it (see `host.add_contained`). EXACT_O: also o_lo (o's shape, int8),
     how far the fp32 o is from o rounded (`inner.o_lo_encode`): o and o_lo give the fp32 o to 2**-16 of |o|.
-    LSE_OUT: also the user's lse (`return_lse`): natural log, token-major `[B * T, HQ]` fp32."""
-    tl.static_assert(not (LSE_OUT and TAIL_Q), "tail queries return no lse")
-    tl.static_assert(CAUSAL or not (USE_G or TAIL_Q), "a gate and tail queries need causal attention")
+    LSE_OUT: also the user's lse (`return_lse`): natural log, fp32, one row per row of q (`[B * (T - Q0), HQ]`)."""
+    tl.static_assert(CAUSAL or not USE_G, "a gate needs causal attention")
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
@@ -159,7 +158,7 @@ def parallel_attn_fwd_kernel(
                  mask=m_t[:, None] & (o_v[None, :] < V))
     tl.store(lse + i_hq.to(tl.int64) * NTOK + bos + o_t, b_m + tl.log2(b_l), mask=m_t)
     if LSE_OUT:  # after the store above, in this order: without LSE_OUT the kernel's PTX is what it was before it
-        tl.store(lse_out + (bos + o_t) * HQ + i_hq, (b_m + tl.log2(b_l)) * LN2, mask=m_t)
+        tl.store(lse_out + (qbos + o_t) * HQ + i_hq, (b_m + tl.log2(b_l)) * LN2, mask=m_t)
 
 
 @triton.jit
@@ -217,11 +216,10 @@ def parallel_attn_bwd_kernel_dq(
     rowsum(P * dP) in a first loop over the keys and uses that for dq too (`_dq_rows`). With a sink it stores its
     rows' share of dsink = -sum_i p_sink_i * delta_i into `dsink_partial` `[HQ, programs // HQ]` (summed in a fixed
     order by the dK/dV kernel, `_sum_dsink`). CONTAIN as in the forward kernel. USE_DLSE: the user's lse has a
-    gradient `dlse` (`[B * T, HQ]` fp32, natural log), which every delta here subtracts (`_dq_rows`), so that the
-    kernels after this one need nothing else for it."""
+    gradient `dlse` (fp32, natural log, q's rows: `[B * (T - Q0), HQ]`), which every delta here subtracts
+    (`_dq_rows`), so that the kernels after this one need nothing else for it."""
     tl.static_assert(BT % BS == 0, "key blocks must tile the query tile")
-    tl.static_assert(not (USE_DLSE and TAIL_Q), "tail queries take no lse gradient")
-    tl.static_assert(CAUSAL or not (USE_G or TAIL_Q), "a gate and tail queries need causal attention")
+    tl.static_assert(CAUSAL or not USE_G, "a gate needs causal attention")
     tl.static_assert(not (REFINE_DELTA and EXACT_DELTA), "one way of computing delta")
     # Whether the delta stored for the dK/dV kernel comes out of the loops (rowsum(P * dP)), not from o and dO.
     LOOP_DELTA: tl.constexpr = REFINE_DELTA or EXACT_DELTA
@@ -249,7 +247,7 @@ def parallel_attn_bwd_kernel_dq(
     b_lse = tl.load(lse + row_base + o_t, mask=m_t, other=float("inf"))
     b_dlse = 0.0
     if USE_DLSE:
-        b_dlse = tl.load(dlse + (bos + o_t) * HQ + i_hq, mask=m_t, other=0)
+        b_dlse = tl.load(dlse + (qbos + o_t) * HQ + i_hq, mask=m_t, other=0)
     if EXACT_DELTA:
         b_delta = tl.zeros([BT], dtype=tl.float32)  # not read: the first loop of `_dq_rows` computes it
     else:
@@ -663,14 +661,26 @@ def parallel_attn(
     # The kernels read cu_seqlens with unit stride.
     cu_seqlens = cu_seqlens.contiguous() if cu_seqlens is not None else None
     W, WR = resolve_window(window_size, causal)
+    q, pad = pad_queries(q, k, v)
     args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), W, return_lse,
             resolve_softcap(softcap), WR)
     if torch.compiler.is_compiling():
         o, _, _, lse = parallel_attn_fwd_op(*args)
-        return (o, lse) if return_lse else o
-    return EagerParallelAttn.apply(*args)
+    elif return_lse:
+        o, lse = EagerParallelAttn.apply(*args)
+    else:
+        o, lse = EagerParallelAttn.apply(*args), None
+    if pad:  # the rows `pad_queries` added
+        o = o[:, pad:].contiguous()
+        lse = lse[:, pad:].contiguous() if return_lse else None
+    return (o, lse) if return_lse else o
 
 
 # Bottom import: autograd -> host -> the kernels and dispatch above (every import of this package runs this module
 # first, through fla_bwd/ops/attn/__init__.py, so the cycle always resolves in this order).
-from fla_bwd.ops.attn.autograd import EagerParallelAttn, NoKeyVisible, parallel_attn_fwd_op  # noqa: E402
+from fla_bwd.ops.attn.autograd import (  # noqa: E402
+    EagerParallelAttn,
+    NoKeyVisible,
+    pad_queries,
+    parallel_attn_fwd_op,
+)

@@ -234,11 +234,18 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
         _float(name, x)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    B, T, HQ, K = q.shape
-    H, V = k.shape[2], v.shape[3]
-    if k.shape != (B, T, H, K):
-        raise ValueError(f"k must be [B, T, H, K] = [{B}, {T}, H, {K}] to match q {tuple(q.shape)}, "
+    B, Tq, HQ, K = q.shape
+    T, H, V = k.shape[1], k.shape[2], v.shape[3]  # T: the keys' length; queries may be fewer (bottom-right)
+    if k.shape[0] != B or k.shape[3] != K:
+        raise ValueError(f"k must be [B, Tk, H, K] = [{B}, Tk, H, {K}] to match q {tuple(q.shape)}, "
                          f"got {tuple(k.shape)}{_k_swapped_hint(q.shape, k.shape)}")
+    if T < Tq:
+        raise ValueError(f"k's length Tk = {T} (k.shape[1]) must be >= q's length Tq = {Tq} (q.shape[1]): queries "
+                         f"shorter than keys are aligned bottom-right (query i at key position Tk - Tq + i); "
+                         f"queries longer than keys are not supported{_k_swapped_hint(q.shape, k.shape)}")
+    if cu_seqlens is not None and T != Tq:
+        raise ValueError(f"with cu_seqlens, q and k must have one packed length (q {Tq}, k {T} tokens): packed "
+                         f"queries shorter than keys are not supported yet")
     if v.shape[:3] != (B, T, H):
         hint = ""
         if v.shape[:3] == (B, H, T) and H != T:
@@ -257,7 +264,8 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
         _tensor("g", g, 3)
         _gate_float("g", g)
         if g.shape != (B, T, HQ):
-            raise ValueError(f"g must be [B, T, HQ] = [{B}, {T}, {HQ}], got {tuple(g.shape)}")
+            raise ValueError(f"g must be [B, Tk, HQ] = [{B}, {T}, {HQ}] (one gate per key position), got "
+                             f"{tuple(g.shape)}")
         devices.add(("g", g.device))
     if sink_bias is not None:
         _tensor("sink_bias", sink_bias, 1)
@@ -298,7 +306,7 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
                              "attention, or a sink_bias (then o is 0, as in FLA)")
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, B, q.device)
-    elif T < HQ and H == HQ:  # the one test a valid call pays: fewer tokens than heads (`warn_if_head_first`)
+    elif Tq < HQ and H == HQ:  # the one test a valid call pays: fewer tokens than heads (`warn_if_head_first`)
         warn_if_head_first(q.shape)
     if chunk_indices is not None:
         check_chunk_indices(chunk_indices, q.device)
