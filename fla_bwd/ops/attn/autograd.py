@@ -12,7 +12,7 @@ Two front ends over those two functions, one formula:
 Neither supports a second differentiation: both raise a clear error instead of returning a silent zero.
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -22,15 +22,50 @@ _NOT_TWICE = ("parallel_attn does not support double backward (a gradient of its
               "its backward is not differentiable")
 
 
-def pad_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
-    """(q, 0), or for a q shorter than k whose offset Tk - Tq is no multiple of `host.tail_alignment` (every tile
-    size), (q with that remainder of zero rows in front, their number): the kernels' query tiles then start on
-    tile boundaries. Differentiable; the caller drops those rows of o and lse, so that their dO and dlse are zeros,
-    which contribute exactly nothing to any gradient (dP = 0 and delta = 0, so dS = 0)."""
-    pad = (k.shape[1] - q.shape[1]) % host.tail_alignment(max(q.shape[3], v.shape[3]), q.dtype)
-    if pad:
-        q = torch.nn.functional.pad(q, (0, 0, 0, 0, pad, 0))
-    return q, pad
+class TailFrame(NamedTuple):
+    """How a q shorter than k is laid on the tiles (`frame_tail`): `pad` zero query rows in front of q, and k, v, g
+    taken from key position `start` on (negative: -start zero keys in front)."""
+    pad: int = 0
+    start: int = 0
+
+
+def frame_tail(Tq: int, Tk: int, W: int, D: int, dtype: torch.dtype) -> TailFrame:
+    """The frame of a dense call whose Tq queries sit at the last positions of Tk keys (offset Q0 = Tk - Tq) under
+    a left window W (0: none), such that the kernels' tail queries start on a multiple of `host.tail_alignment`
+    (every tile size) and the result is exactly the unframed call's:
+    - an aligned Q0: as is;
+    - else, where the first query's window reaches key 0 (W == 0 or W > Q0): zero query rows in front, whose dO and
+      dlse are zeros (the caller drops their rows of o and lse). They add nothing (dP = 0 and delta = 0, so dS = 0)
+      and, since every key they see the first real query sees too, a NaN/Inf input reaches through them only
+      gradients that it reaches already;
+    - else keys from `start` = Q0 - m * align on, m * align >= W - 1 the least: no query sees the keys before it, so
+      they are dropped (their gradients are zeros) and any of the m * align - Q0 missing ones are zero keys that
+      no query sees. The gate's cumsum then starts at `start`, which shifts every gc_i - gc_j by nothing."""
+    align = host.tail_alignment(D, dtype)
+    Q0 = Tk - Tq
+    if Q0 % align == 0:
+        return TailFrame()
+    if W == 0 or W > Q0:
+        return TailFrame(pad=Q0 % align)
+    return TailFrame(start=Q0 - -(-(W - 1) // align) * align)
+
+
+def _keys_from(x: Optional[torch.Tensor], start: int) -> Optional[torch.Tensor]:
+    """x `[B, T, ...]` from position `start` on, or with -start zero rows in front (differentiable)."""
+    if x is None:
+        return None
+    if start >= 0:
+        return x[:, start:].contiguous()
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (-start, 0))
+
+
+def apply_frame(frame: TailFrame, q, k, v, g):
+    """q, k, v, g laid in `frame` (`frame_tail`)."""
+    if frame.pad:
+        q = torch.nn.functional.pad(q, (0, 0, 0, 0, frame.pad, 0))
+    if frame.start:
+        k, v, g = (_keys_from(x, frame.start) for x in (k, v, g))
+    return q, k, v, g
 
 
 def _empty_f32(device) -> torch.Tensor:

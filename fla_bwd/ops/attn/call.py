@@ -62,7 +62,7 @@ def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int,
     `cu_seqlens`' values (`varlen_tiles`). A packed batch of N sequences of one length L > 0 is laid out exactly as
     the dense batch [N, L] (q `[1, N * L, HQ, K]`, and likewise k, v, g, o): it runs as that dense call, on every
     path the dense call has (`packed_as_dense`). A q shorter than k holds the last positions of each sequence
-    (dense: Q0 = Tk - Tq, a multiple of `host.tail_alignment`, which `autograd.pad_queries` pads q to)."""
+    (dense: Q0 = Tk - Tq, a multiple of `host.tail_alignment`, which `autograd.frame_tail` lays q and k in)."""
     B, Tq, HQ, K = q.shape
     T = k.shape[1]
     Q0 = T - Tq  # before a packed batch's T becomes its sequences' length (packed calls have Tq == T)

@@ -661,7 +661,11 @@ def parallel_attn(
     # The kernels read cu_seqlens with unit stride.
     cu_seqlens = cu_seqlens.contiguous() if cu_seqlens is not None else None
     W, WR = resolve_window(window_size, causal)
-    q, pad = pad_queries(q, k, v)
+    pad = 0
+    if q.shape[1] != k.shape[1]:  # queries shorter than keys: laid on the tiles (`frame_tail`)
+        frame = frame_tail(q.shape[1], k.shape[1], W, max(q.shape[3], v.shape[3]), q.dtype)
+        q, k, v, g = apply_frame(frame, q, k, v, g)
+        pad = frame.pad
     args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), W, return_lse,
             resolve_softcap(softcap), WR)
     if torch.compiler.is_compiling():
@@ -670,7 +674,7 @@ def parallel_attn(
         o, lse = EagerParallelAttn.apply(*args)
     else:
         o, lse = EagerParallelAttn.apply(*args), None
-    if pad:  # the rows `pad_queries` added
+    if pad:  # the query rows `frame_tail` added
         o = o[:, pad:].contiguous()
         lse = lse[:, pad:].contiguous() if return_lse else None
     return (o, lse) if return_lse else o
@@ -681,6 +685,7 @@ def parallel_attn(
 from fla_bwd.ops.attn.autograd import (  # noqa: E402
     EagerParallelAttn,
     NoKeyVisible,
-    pad_queries,
+    apply_frame,
+    frame_tail,
     parallel_attn_fwd_op,
 )
