@@ -87,9 +87,9 @@ def test_rank_of_flash_attn_packed_qkv():
 
 def test_k_shape_mismatch():
     q, k, v = _inputs()
-    _raises(ValueError, r"^k must be \[B, T, H, K\]", q, k[:, :-1], v[:, :-1])
-    _raises(ValueError, r"^k must be \[B, T, H, K\]", q, torch.randn(B, T, H, K + 1, dtype=q.dtype, device=DEVICE), v)
-    _raises(ValueError, r"^k must be \[B, T, H, K\]", q, torch.cat([k, k]), torch.cat([v, v]))
+    _raises(ValueError, r"^k must be \[B, Tk, H, K\] = \[1, Tk >= 8, H, 16\]", q, k[:, :-1], v[:, :-1])
+    _raises(ValueError, r"^k must be \[B, Tk, H, K\]", q, torch.randn(B, T, H, K + 1, dtype=q.dtype, device=DEVICE), v)
+    _raises(ValueError, r"^k must be \[B, Tk, H, K\]", q, torch.cat([k, k]), torch.cat([v, v]))
 
 
 def test_v_shape_mismatch():
@@ -102,14 +102,14 @@ def test_head_first_gqa_says_transpose():
     """torch SDPA's `[B, H, T, D]` with fewer KV heads than query heads: k's shape mismatch names the layout."""
     q = torch.randn(1, 8, 12, K, device=DEVICE)  # [B, HQ, T, K]
     k = v = torch.randn(1, 2, 12, K, device=DEVICE)  # [B, H, T, K]
-    _raises(ValueError, r"^k must be \[B, T, H, K\] = \[1, 8, H, 16\] to match q \(1, 8, 12, 16\), got "
+    _raises(ValueError, r"^k must be \[B, Tk, H, K\] = \[1, Tk >= 8, H, 16\] to match q \(1, 8, 12, 16\) .*got "
                         r"\(1, 2, 12, 16\): q and k look like \[B, H, T, D\] .*8 query heads, 2 key heads, 12 "
                         r"tokens.*pass q\.transpose\(1, 2\), k\.transpose\(1, 2\), v\.transpose\(1, 2\)", q, k, v)
 
 
 def test_k_alone_head_first_says_transpose():
     q, k, v = _inputs(T=12)
-    _raises(ValueError, r"^k must be \[B, T, H, K\].*: k looks like \[B, H, T, K\].*pass k\.transpose\(1, 2\)",
+    _raises(ValueError, r"^k must be \[B, Tk, H, K\].*: k looks like \[B, H, T, K\].*pass k\.transpose\(1, 2\)",
             q, k.transpose(1, 2), v)
 
 
@@ -133,8 +133,8 @@ def test_unrelated_shape_mismatch_gets_no_layout_hint():
 
 def test_g_shape_and_rank():
     q, k, v = _inputs()
-    _raises(ValueError, r"^g must be \[B, T, HQ\]", q, k, v, g=torch.zeros(B, T, H, device=DEVICE))
-    _raises(ValueError, r"^g must be \[B, T, HQ\]", q, k, v, g=torch.zeros(B, T - 1, HQ, device=DEVICE))
+    _raises(ValueError, r"^g must be \[B, Tk, HQ\]", q, k, v, g=torch.zeros(B, T, H, device=DEVICE))
+    _raises(ValueError, r"^g must be \[B, Tk, HQ\]", q, k, v, g=torch.zeros(B, T - 1, HQ, device=DEVICE))
     _raises(ValueError, r"^g must have 3 dimensions", q, k, v, g=torch.zeros(B, T, HQ, 1, device=DEVICE))
     _raises(TypeError, r"^g must be a torch.Tensor", q, k, v, g=[0.0] * T)
 

@@ -604,7 +604,9 @@ def parallel_attn(
     """Causal softmax attention with GQA, forget gates, a sliding window, attention sinks and packed sequences.
 
     Args:
-        q: `[B, T, HQ, K]` queries, float16, bfloat16 or float32.
+        q: `[B, T, HQ, K]` queries, float16, bfloat16 or float32. Or `[B, Tq, HQ, K]` with Tq <= T, k's length (dense
+            only): the queries of the last Tq positions (bottom-right, flash-attn's rule for seqlen_q < seqlen_k;
+            windows count from each query's position); o and lse then have Tq rows.
         k: `[B, T, H, K]` keys, q's dtype. HQ must be a multiple of H; query head h reads KV head h // (HQ // H).
         v: `[B, T, H, V]` values, q's dtype. K and V are any sizes from 1 to 256 and may differ.
         g: optional `[B, T, HQ]` log forget gate (Forgetting Transformer), fp16, bf16, fp32 or fp64. With gc its

@@ -236,13 +236,10 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     B, Tq, HQ, K = q.shape
     T, H, V = k.shape[1], k.shape[2], v.shape[3]  # T: the keys' length; queries may be fewer (bottom-right)
-    if k.shape[0] != B or k.shape[3] != K:
-        raise ValueError(f"k must be [B, Tk, H, K] = [{B}, Tk, H, {K}] to match q {tuple(q.shape)}, "
+    if k.shape[0] != B or k.shape[3] != K or T < Tq:
+        raise ValueError(f"k must be [B, Tk, H, K] = [{B}, Tk >= {Tq}, H, {K}] to match q {tuple(q.shape)} (q's "
+                         f"queries sit at k's last Tq positions; more queries than keys are not supported), "
                          f"got {tuple(k.shape)}{_k_swapped_hint(q.shape, k.shape)}")
-    if T < Tq:
-        raise ValueError(f"k's length Tk = {T} (k.shape[1]) must be >= q's length Tq = {Tq} (q.shape[1]): queries "
-                         f"shorter than keys are aligned bottom-right (query i at key position Tk - Tq + i); "
-                         f"queries longer than keys are not supported{_k_swapped_hint(q.shape, k.shape)}")
     if cu_seqlens is not None and T != Tq:
         raise ValueError(f"with cu_seqlens, q and k must have one packed length (q {Tq}, k {T} tokens): packed "
                          f"queries shorter than keys are not supported yet")
