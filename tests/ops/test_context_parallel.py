@@ -91,6 +91,7 @@ def _worker(rank: int, N: int, port: int, folder: str) -> None:
         expect(lambda: context_parallel_attn(q, k, k))
     expect(lambda: context_parallel_attn(q, k, k, layout="zigzag"))
     expect(lambda: context_parallel_attn(q, k, k, window_size=(8, 0)))  # parallel_attn's pairs: not here
+    expect(lambda: context_parallel_attn(q[:, :32], k, k))  # parallel_attn's queries shorter than keys: not here
     if rank == 0:
         refs = {}
         for case in cases:
@@ -194,6 +195,7 @@ def test_context_parallel_matches_one_process(N, T, kinds, tmp_path):
         assert ("rejected" in errors[4]) if r != N - 1 else ("dtype" in errors[4] or "v" in errors[4]), errors[4]
         assert "layout" in errors[5]
         assert "window_size as an int or None" in errors[6] and "window_size=left + 1" in errors[6], errors[6]
+        assert "same local length" in errors[7], errors[7]
 
 
 def test_chunk_plan():

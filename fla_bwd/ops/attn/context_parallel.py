@@ -115,6 +115,9 @@ def _local_error(q, k, v, g, scale, window_size, sink_bias, cu_seqlens, layout, 
                 f"{window_size!r}: flash-attn's (left, 0) is window_size=left + 1, (-1, 0) is None")
     if window_size == 0:
         return "context_parallel_attn: window_size=0 (no key visible) is not supported; use None for full causal"
+    if k.shape[1] != q.shape[1]:
+        return (f"context_parallel_attn: q and k must hold the same local length (q {q.shape[1]}, k {k.shape[1]} "
+                f"tokens): queries shorter than keys are parallel_attn's, on one rank")
     C = q.shape[1]
     align = host.tail_alignment(max(q.shape[3], v.shape[3]), q.dtype)
     per = align if layout == "contiguous" else 2 * align
