@@ -17,6 +17,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from fla_bwd.ops.attn import host
+from fla_bwd.ops.attn.config import tail_alignment
+from fla_bwd.ops.utils.index import varlen_tiles
 
 _NOT_TWICE = ("parallel_attn does not support double backward (a gradient of its gradient); "
               "its backward is not differentiable")
@@ -41,7 +43,7 @@ def frame_tail(Tq: int, Tk: int, W: int, D: int, dtype: torch.dtype) -> TailFram
     - else keys from `start` = Q0 - m * align on, m * align >= W - 1 the least: no query sees the keys before it, so
       they are dropped (their gradients are zeros) and any of the m * align - Q0 missing ones are zero keys that
       no query sees. The gate's cumsum then starts at `start`, which shifts every gc_i - gc_j by nothing."""
-    align = host.tail_alignment(D, dtype)
+    align = tail_alignment(D, dtype)
     Q0 = Tk - Tq
     if Q0 % align == 0:
         return TailFrame()
@@ -68,6 +70,75 @@ def apply_frame(frame: TailFrame, q, k, v, g):
     return q, k, v, g
 
 
+class PackedFrame(NamedTuple):
+    """Packed tail queries laid on the tiles (`frame_packed`): the framed offsets of q (`cu_q`) and of k (`cu_k`),
+    each row of q's row in the framed q (`q_rows`, None: the same), and the rows of k kept (`k_src`) with their rows
+    in the framed k (`k_dst`, None: k unchanged); `TQ`, `TK`: the framed lengths."""
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    q_rows: Optional[torch.Tensor]
+    k_src: Optional[torch.Tensor]
+    k_dst: Optional[torch.Tensor]
+    TQ: int
+    TK: int
+
+
+_FRAMES: dict = {}
+
+
+@torch.compiler.disable  # reads the offsets: under torch.compile a graph break, as `varlen_tiles` inside the op
+def frame_packed(cu_q: torch.Tensor, cu_k: torch.Tensor, Tq: int, Tk: int, W: int, D: int,
+                 dtype: torch.dtype) -> Optional[PackedFrame]:
+    """`frame_tail` for each packed sequence (q's offsets cu_q, k's cu_k, read and checked here; ValueError for
+    another count of sequences or more queries than keys in one), as one gather of q's and of k's rows; None where
+    every sequence has as many queries as keys (the ordinary packed call). Built once per set of offsets (the
+    index tensors stay on the device, also for CUDA-graph capture after a first call)."""
+    queries, keys = varlen_tiles(cu_q, Tq), varlen_tiles(cu_k, Tk)
+    key = (queries.offsets, keys.offsets, W, D, dtype, cu_q.device)
+    if key in _FRAMES:
+        return _FRAMES[key]
+    if len(queries.lengths) != len(keys.lengths):
+        raise ValueError(f"cu_seqlens and cu_seqlens_k must hold one sequence each of q and k: {len(queries.lengths)} "
+                         f"and {len(keys.lengths)} sequences")
+    for n, (a, b) in enumerate(zip(queries.lengths, keys.lengths)):
+        if a > b:
+            raise ValueError(f"sequence {n} has {a} queries (cu_seqlens) and {b} keys (cu_seqlens_k): at most as "
+                             f"many queries as keys (they are the sequence's last positions)")
+    frame = None
+    if queries.lengths != keys.lengths:
+        cu_qf, cu_kf, q_rows, k_src, k_dst = [0], [0], [], [], []
+        for a, b, k0 in zip(queries.lengths, keys.lengths, keys.offsets):
+            f = frame_tail(a, b, W, D, dtype)
+            q_rows.extend(range(cu_qf[-1] + f.pad, cu_qf[-1] + f.pad + a))
+            cu_qf.append(cu_qf[-1] + f.pad + a)
+            first = max(f.start, 0)  # the first key kept; -start zero keys before it where start < 0
+            k_src.extend(range(k0 + first, k0 + b))
+            k_dst.extend(range(cu_kf[-1] + first - f.start, cu_kf[-1] + b - f.start))
+            cu_kf.append(cu_kf[-1] + b - f.start)
+
+        def dev(x, dt=torch.int64):
+            return torch.tensor(x, dtype=dt, device=cu_q.device)
+
+        same_q = cu_qf == list(queries.offsets)
+        same_k = cu_kf == list(keys.offsets)
+        frame = PackedFrame(dev(cu_qf, cu_q.dtype), dev(cu_kf, cu_k.dtype), None if same_q else dev(q_rows),
+                            None if same_k else dev(k_src), None if same_k else dev(k_dst), cu_qf[-1], cu_kf[-1])
+    if len(_FRAMES) >= 64:
+        _FRAMES.clear()
+    _FRAMES[key] = frame
+    return frame
+
+
+def apply_packed_frame(frame: PackedFrame, q, k, v, g):
+    """q, k, v, g laid in `frame` (`frame_packed`); differentiable (rows gathered and scattered once each)."""
+    if frame.q_rows is not None:
+        q = q.new_zeros(1, frame.TQ, *q.shape[2:]).index_copy(1, frame.q_rows, q)
+    if frame.k_src is not None:
+        k, v, g = (x.new_zeros(1, frame.TK, *x.shape[2:]).index_copy(1, frame.k_dst, x.index_select(1, frame.k_src))
+                   if x is not None else None for x in (k, v, g))
+    return q, k, v, g
+
+
 def _empty_f32(device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32, device=device)
 
@@ -80,7 +151,7 @@ def _empty_f32(device) -> torch.Tensor:
 def parallel_attn_fwd_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int, return_lse: bool = False,
-    softcap: float = 0.0, window_right: Optional[int] = None,
+    softcap: float = 0.0, window_right: Optional[int] = None, cu_seqlens_q: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, the gate's cumsum or empty, the user's lse `[B, T, HQ]` or empty). `window_size` 0 means full
     causal."""
@@ -88,14 +159,14 @@ def parallel_attn_fwd_op(
     # take seven products.
     o, lse, g_cumsum, _, _, lse_out = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size,
                                                    return_lse=return_lse, softcap=softcap,
-                                                   window_right=window_right)
+                                                   window_right=window_right, cu_seqlens_q=cu_seqlens_q)
     return (o, lse, g_cumsum if g_cumsum is not None else _empty_f32(q.device),
             lse_out if lse_out is not None else _empty_f32(q.device))
 
 
 @parallel_attn_fwd_op.register_fake
 def _fwd_fake(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=False, softcap=0.0,
-              window_right=None):
+              window_right=None, cu_seqlens_q=None):
     B, Tq, HQ, _ = q.shape
     T = k.shape[1]  # the kernels' lse and gc are over the keys' positions
     lse = q.new_empty(HQ, B * T, dtype=torch.float32)
@@ -109,18 +180,18 @@ def parallel_attn_bwd_op(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     g_cumsum: torch.Tensor, g: Optional[torch.Tensor], sink_bias: Optional[torch.Tensor],
     cu_seqlens: Optional[torch.Tensor], scale: float, window_size: int, dlse: Optional[torch.Tensor] = None,
-    softcap: float = 0.0, window_right: Optional[int] = None,
+    softcap: float = 0.0, window_right: Optional[int] = None, cu_seqlens_q: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg or empty, dsink or empty); dg and dsink in g's and sink_bias's dtypes. `dlse`: the gradient
     of the user's lse, or None."""
     grads = host.backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size, dlse=dlse,
-                          softcap=softcap, window_right=window_right)
+                          softcap=softcap, window_right=window_right, cu_seqlens_q=cu_seqlens_q)
     return tuple(x if x is not None else _empty_f32(q.device) for x in grads)
 
 
 @parallel_attn_bwd_op.register_fake
 def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, window_size, dlse=None, softcap=0.0,
-              window_right=None):
+              window_right=None, cu_seqlens_q=None):
     empty = q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             torch.empty_like(g) if g is not None else empty,
@@ -128,18 +199,18 @@ def _bwd_fake(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale, wi
 
 
 def _save(ctx, inputs, output, call=None, o_lo=None):
-    q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse, softcap, window_right = inputs
+    q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse, softcap, window_right, cu_seqlens_q = inputs
     o, lse, g_cumsum = output[:3]  # the custom op's 4th, the user's lse, is no input of the backward
-    ctx.save_for_backward(q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo)
+    ctx.save_for_backward(q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo, cu_seqlens_q)
     ctx.scale, ctx.window_size, ctx.call, ctx.return_lse = scale, window_size, call, return_lse
     ctx.softcap, ctx.window_right = softcap, window_right
 
 
 def _gradients(ctx, do, dlse, backward, *call):
-    """The gradients of the forward's 11 inputs from `do` and `dlse` (the user's lse's, or None; either may be None
+    """The gradients of the forward's 12 inputs from `do` and `dlse` (the user's lse's, or None; either may be None
     where autograd hands none), through `backward` (the custom op, or `host.backward` with the forward's
     `host.Call` and o_lo)."""
-    q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo = ctx.saved_tensors
+    q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, o_lo, cu_seqlens_q = ctx.saved_tensors
     extra = (*call, o_lo) if call else ()
     # With the Call, its Shape has these.
     cap = {} if call else {"softcap": ctx.softcap, "window_right": ctx.window_right}
@@ -147,9 +218,9 @@ def _gradients(ctx, do, dlse, backward, *call):
     do = torch.zeros_like(o) if do is None else do.contiguous()
     dlse = dlse.float().contiguous() if dlse is not None and ctx.return_lse else None
     dq, dk, dv, dg, dsink = backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, ctx.scale,
-                                     ctx.window_size, *extra, dlse=dlse, **cap)
+                                     ctx.window_size, *extra, dlse=dlse, cu_seqlens_q=cu_seqlens_q, **cap)
     return (dq, dk, dv, dg if g is not None else None, dsink if sink_bias is not None else None, None, None, None,
-            None, None, None)
+            None, None, None, None)
 
 
 def _op_backward(ctx, do, lse, dgc, dlse):
@@ -178,12 +249,12 @@ class EagerParallelAttn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=False, softcap=0.0,
-                window_right=None):
+                window_right=None, cu_seqlens_q=None):
         o, lse, g_cumsum, o_lo, call, lse_out = host.forward(q, k, v, g, sink_bias, cu_seqlens, scale, window_size,
                                                              any(ctx.needs_input_grad), return_lse, softcap,
-                                                             window_right)
-        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse, softcap, window_right),
-              (o, lse, g_cumsum), call, o_lo)
+                                                             window_right, cu_seqlens_q)
+        _save(ctx, (q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse, softcap, window_right,
+                    cu_seqlens_q), (o, lse, g_cumsum), call, o_lo)
         if not return_lse:
             return o
         # Unused outputs' gradients arrive as None, not zeros: an lse the loss does not use costs the backward

@@ -6,7 +6,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from fla_bwd.ops.utils.index import VarlenTiles, varlen_tiles
+from fla_bwd.ops.attn.config import tail_alignment
+from fla_bwd.ops.utils.index import VarlenTiles, tail_tiles, varlen_tiles
 from fla_bwd.ops.utils.launch import aligned
 
 
@@ -28,6 +29,7 @@ class Shape(NamedTuple):
     Q0: int = 0  # tail queries (q shorter than k): q holds positions [Q0, T) of the keys' sequence; 0: all of them
     softcap: float = 0.0  # logit soft-capping (`inner.scores`); 0: off
     WR: Optional[int] = None  # None: causal; else query i also sees keys up to i + WR (clamped to T, `right_window`)
+    QP: bool = False  # packed tail queries: q's own offsets (cu_seqlens_q) give each sequence's last queries
 
 
 class Call(NamedTuple):
@@ -57,22 +59,40 @@ def right_window(window_right: Optional[int], T: int) -> Optional[int]:
 
 
 def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, containment: str,
-              softcap: float = 0.0, window_right: Optional[int] = None) -> Call:
+              softcap: float = 0.0, window_right: Optional[int] = None, cu_seqlens_q=None) -> Call:
     """The `Call` of validated contiguous inputs under the containment setting `containment`; reads and checks
     `cu_seqlens`' values (`varlen_tiles`). A packed batch of N sequences of one length L > 0 is laid out exactly as
     the dense batch [N, L] (q `[1, N * L, HQ, K]`, and likewise k, v, g, o): it runs as that dense call, on every
     path the dense call has (`packed_as_dense`). A q shorter than k holds the last positions of each sequence
-    (dense: Q0 = Tk - Tq, a multiple of `host.tail_alignment`, which `autograd.frame_tail` lays q and k in)."""
+    (dense: Q0 = Tk - Tq, a multiple of `config.tail_alignment`, which `autograd.frame_tail` lays q and k in; packed:
+    `cu_seqlens_q` gives q's own offsets, `cu_seqlens` k's, each sequence's offset such a multiple,
+    `autograd.frame_packed`)."""
     B, Tq, HQ, K = q.shape
     T = k.shape[1]
     Q0 = T - Tq  # before a packed batch's T becomes its sequences' length (packed calls have Tq == T)
     tiles = varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None
-    as_dense = tiles is not None and B == 1 and tiles.one_length > 0
+    if cu_seqlens_q is not None:
+        tiles = tail_tiles(tiles, _queries_of(varlen_tiles(cu_seqlens_q, Tq), tiles, max(K, v.shape[3]), q.dtype))
+    as_dense = tiles is not None and B == 1 and tiles.one_length > 0 and cu_seqlens_q is None
     if as_dense:
         B, T, tiles = len(tiles.lengths), tiles.one_length, None
     shape = Shape(q.device, B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, g.dtype if g is not None else None,
                   sink_bias.dtype if sink_bias is not None else None, scale, window(window_size, T), containment,
-                  Q0=Q0, softcap=softcap, WR=right_window(window_right, T))
+                  Q0=Q0, softcap=softcap, WR=right_window(window_right, T), QP=cu_seqlens_q is not None)
     qkv = (aligned(q), aligned(k), aligned(v))
     key = (shape, tiles.key if tiles is not None else None, *qkv, aligned(g), aligned(sink_bias), aligned(cu_seqlens))
     return Call(key, shape, tiles, all(qkv), as_dense)
+
+
+def _queries_of(queries: VarlenTiles, keys: VarlenTiles, D: int, dtype) -> VarlenTiles:
+    """q's offsets, checked against k's: one sequence each, at most as many queries as keys, each offset on the
+    tiles (`config.tail_alignment`, which `autograd.frame_packed` lays them on)."""
+    align = tail_alignment(D, dtype)
+    if len(queries.lengths) != len(keys.lengths):
+        raise ValueError(f"cu_seqlens (q) and cu_seqlens_k must hold one sequence each: {len(queries.lengths)} and "
+                         f"{len(keys.lengths)} sequences")
+    for n, (a, b) in enumerate(zip(queries.lengths, keys.lengths)):
+        if a > b or (b - a) % align:
+            raise ValueError(f"packed tail queries: sequence {n} has {a} queries and {b} keys (at most as many, "
+                             f"the offset a multiple of {align})")
+    return queries

@@ -5,6 +5,7 @@ its reason in one line; PERF.md lists the decisions that stand and where their m
 """
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -123,6 +124,14 @@ def tile_config(kernel: str, D: int, dtype: torch.dtype = torch.bfloat16) -> dic
     if is_interpreter():
         return INTERPRETER_CONFIG
     return TILE_CONFIGS[(dtype != torch.float32, D > 128)][kernel]
+
+
+def tail_alignment(D: int, dtype: torch.dtype) -> int:
+    """What the query offset Q0 of a tail-query call must be a multiple of: every tile size (query tile, key tile,
+    inner block) that the three kernels use at head dim D and `dtype` here (128 on a GPU in 16 bits, 64 in fp32;
+    32 under the interpreter), so that no tile or block straddles Q0."""
+    sizes = [cfg[k] for name in ("fwd", "dq", "dkv") for cfg in (tile_config(name, D, dtype),) for k in ("BT", "BS")]
+    return math.lcm(*sizes)
 
 
 # Calls with less work than this (B * HQ * T * min(T, W) * max(K, V)) contain NaN/Inf inline, larger ones in two

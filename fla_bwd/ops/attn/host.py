@@ -14,7 +14,6 @@ import each other in one cycle; nothing else does.
 
 import contextlib
 import functools
-import math
 from typing import Optional
 
 import torch
@@ -27,6 +26,7 @@ from fla_bwd.ops.attn.config import (
     DK_FROM_DS_LAUNCH,
     DQ_FROM_DS_LAUNCH,
     DQ_FROM_DS_LAUNCH_WIDE,
+    tail_alignment,
     tile_config,
 )
 from fla_bwd.ops.attn.from_ds import (
@@ -80,6 +80,8 @@ def _run(plan: Plan, env: dict, tiles: Optional[VarlenTiles]) -> dict:
     if tiles is not None:
         for BT in plan.tile_sizes:
             env[f"chunks{BT}"] = tiles.chunk_indices(BT)
+        for BT in plan.query_tile_sizes:  # packed tail queries (`index.TailTiles`): the query kernels' tiles
+            env[f"qchunks{BT}"] = tiles.queries.chunk_indices(BT)
     with _on_device(plan.device):
         return plan.run(env)
 
@@ -97,10 +99,10 @@ def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
 
 
 def call_of(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, softcap: float = 0.0,
-            window_right: Optional[int] = None) -> Call:
+            window_right: Optional[int] = None, cu_seqlens_q=None) -> Call:
     """The `Call` of validated contiguous inputs, under the containment setting now."""
     return make_call(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, dispatch.containment_knob(), softcap,
-                     window_right)
+                     window_right, cu_seqlens_q)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -111,6 +113,7 @@ def new_plan(s, inline: bool) -> Plan:
     """An empty plan for a call of Shape s whose kernels contain NaN/Inf inline or in two launches (`inline`)."""
     plan = Plan(s.device)
     plan.tile_sizes = set()  # the BTs whose packed tile lists `host._run` binds ("chunks{BT}")
+    plan.query_tile_sizes = set()  # and of the query tiles of packed tail queries ("qchunks{BT}")
     plan.flags = 0  # programs of the largest two-launch pair (`add_contained`)
     plan.inline = inline
     return plan
@@ -159,15 +162,20 @@ def _common(plan: Plan, s, tiles, kernel: str):
     """(tile config, tiles per head program, launch arguments every attention kernel takes) for `kernel`."""
     cfg = tile_config(kernel, max(s.K, s.V), s.dtype)
     BT = cfg["BT"]
+    queries = not kernel.startswith("dkv")
     if tiles is None:
         # Query-tiled kernels (fwd, dq) cover the query positions [Q0, T), the dK/dV kernels every key.
-        NT, chunks = cdiv(s.T - (s.Q0 if not kernel.startswith("dkv") else 0), BT), None
+        NT, chunks = cdiv(s.T - (s.Q0 if queries else 0), BT), None
+    elif s.QP and queries:  # packed tail queries: the tiles of q's own sequences
+        NT, chunks = tiles.queries.num_tiles(BT), Ref(f"qchunks{BT}")
+        plan.query_tile_sizes.add(BT)
     else:
         NT, chunks = tiles.num_tiles(BT), Ref(f"chunks{BT}")
         plan.tile_sizes.add(BT)
     args = dict(q=Ref("q"), k=Ref("k"), v=Ref("v"), cu_seqlens=Ref("cu_seqlens") if tiles is not None else None,
-                chunk_indices=chunks, scale=s.scale, softcap=s.softcap or None, T=s.T, W=s.W, WR=s.WR, NTOK=s.B * s.T,
-                B=s.B, Q0=s.Q0 or None, **_dims_of(s.HQ, s.H, s.K, s.V, s.dtype), **cfg)
+                cu_seqlens_q=Ref("cu_seqlens_q") if s.QP else None, chunk_indices=chunks, scale=s.scale,
+                softcap=s.softcap or None, T=s.T, W=s.W, WR=s.WR, NTOK=s.B * s.T, B=s.B,
+                Q0=s.Q0 if s.Q0 and not s.QP else None, **_dims_of(s.HQ, s.H, s.K, s.V, s.dtype), **cfg)
     return cfg, NT, args
 
 
@@ -439,18 +447,19 @@ def _forward_plan(call: Call, may_need_o_lo: bool, lse_out: bool = False) -> Pla
 
 
 def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False,
-            return_lse: bool = False, softcap: float = 0.0, window_right: Optional[int] = None):
+            return_lse: bool = False, softcap: float = 0.0, window_right: Optional[int] = None, cu_seqlens_q=None):
     """(o, lse, the gate's cumsum gc times log2 e or None, o's rounding residual o_lo or None, the `Call` for the
     backward, the user's lse or None), for validated contiguous inputs. `window_size` 0 means full causal.
     `for_backward`: a backward may follow, so make o_lo where it would need it (`dispatch.needs_o_lo`: a call with a
     gate, or a sink on short rows, that takes five products). `return_lse`: also the user's lse `[B, T, HQ]` fp32,
     natural log, the sink included (the kernels' own lse is base 2 and head-major). `softcap` > 0: logits
     softcap * tanh(scale * q.k / softcap); 0: off. `window_right`: None causal, else query i also sees the keys up to
-    i + window_right (-1: all)."""
-    call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, softcap, window_right)
+    i + window_right (-1: all). `cu_seqlens_q`: packed tail queries, q's own offsets (`cu_seqlens` then k's)."""
+    call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, softcap, window_right, cu_seqlens_q)
     plan = _forward_plan(call, for_backward and dispatch.needs_exact_o(call.shape),  # the others never need o_lo
                          return_lse)
-    env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens), call.tiles)
+    env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens, cu_seqlens_q=cu_seqlens_q),
+               call.tiles)
     o, o_lo, lse_out = env["o"], env.get("o_lo"), env.get("lse_out")
     if call.packed_as_dense:  # the dense batch's o in the packed call's shape (the same memory; lse, gc: [HQ, B * T])
         o = o.view(*q.shape[:-1], v.shape[-1])
@@ -500,17 +509,19 @@ def _backward_plan(call: Call, do_aligned: bool, exact_o: bool, with_dlse: bool 
 
 def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,
              call: Optional[Call] = None, o_lo: Optional[torch.Tensor] = None, dlse: Optional[torch.Tensor] = None,
-             softcap: float = 0.0, window_right: Optional[int] = None):
+             softcap: float = 0.0, window_right: Optional[int] = None, cu_seqlens_q=None):
     """(dq, dk, dv, dg or None, dsink or None): dg and dsink in g's and sink_bias's dtypes. `call` is the forward's
     (`forward` returns it); without it (the custom-op path) it is made again from the inputs. `o_lo`: the forward's
     (None where it made none; a gated call then takes seven products). `dlse`: the gradient of the user's lse
     (`return_lse`), contiguous fp32 `[B, T, HQ]`, or None. `softcap`, `window_right`: the forward's (read only
-    without `call`)."""
+    without `call`); `cu_seqlens_q` as in `forward`."""
     if call is None:
-        call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, softcap, window_right)
+        call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, softcap, window_right, cu_seqlens_q)
+    if call.shape.QP and cu_seqlens_q is None:
+        raise ValueError("the backward of packed tail queries needs the forward's cu_seqlens_q")
     plan = _backward_plan(call, aligned(do), o_lo is not None, dlse is not None)
     env = _run(plan, dict(q=q, k=k, v=v, o=o, o_lo=o_lo, do=do, lse=lse, gc=g_cumsum, sink_bias=sink_bias,
-                          cu_seqlens=cu_seqlens, dlse=dlse), call.tiles)
+                          cu_seqlens=cu_seqlens, cu_seqlens_q=cu_seqlens_q, dlse=dlse), call.tiles)
     dq, dk, dv, dg = env["dq"], env["dk"], env["dv"], env.get("dg")
     if call.packed_as_dense:
         dq, dk, dv = dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
@@ -521,14 +532,6 @@ def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: flo
 # ----------------------------------------------------------------------------------------------------------------
 # Tail queries: the building block of context parallelism (`context_parallel.py`)
 # ----------------------------------------------------------------------------------------------------------------
-
-def tail_alignment(D: int, dtype: torch.dtype) -> int:
-    """What the query offset Q0 of a tail-query call must be a multiple of: every tile size (query tile, key tile,
-    inner block) that the three kernels use at head dim D and `dtype` here (128 on a GPU in 16 bits, 64 in fp32;
-    32 under the interpreter), so that no tile or block straddles Q0."""
-    sizes = [cfg[k] for name in ("fwd", "dq", "dkv") for cfg in (tile_config(name, D, dtype),) for k in ("BT", "BS")]
-    return math.lcm(*sizes)
-
 
 def _tail_shape(q, k, v, gc, sink_bias, scale: float, window_size: int, cu_seqlens) -> Shape:
     """The `Shape` of a tail-query call (checked): q `[B, Tq, HQ, K]` holds the last Tq positions of the sequence of

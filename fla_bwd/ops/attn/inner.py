@@ -45,7 +45,8 @@ def program_ids(NUM_HEADS):
 
 @triton.jit
 def sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN: tl.constexpr):
-    """Map (batch, tile) to (tile index inside its sequence, int64 first token, sequence length)."""
+    """Map (batch, tile) to (sequence, tile index inside it, int64 first token, sequence length)."""
+    i_n = i_b
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int64)
         i_t = tl.load(chunk_indices + i_t * 2 + 1)
@@ -54,33 +55,33 @@ def sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN: tl.conste
         T = (eos - bos).to(tl.int32)
     else:
         bos = i_b.to(tl.int64) * T
-    return i_t, bos, T
+    return i_n, i_t, bos, T
 
 
 @triton.jit
 def query_tile(B, T, cu_seqlens, chunk_indices, HQ: tl.constexpr, G: tl.constexpr, BT: tl.constexpr,
                IS_VARLEN: tl.constexpr):
-    """The forward and dQ programs' prologue: (query head, KV head, int64 sequence start, sequence length, first
-    token of the tile, token positions, their mask). Causal tiles late in a sequence do the most work, so tiles are
-    taken in reverse order: those programs start first."""
+    """The forward and dQ programs' prologue: (query head, KV head, sequence, int64 sequence start, sequence length,
+    first token of the tile, token positions, their mask). Causal tiles late in a sequence do the most work, so tiles
+    are taken in reverse order: those programs start first."""
     i_bh, i_t = program_ids(B * HQ)
     i_t = tl.num_programs(0) // (B * HQ) - 1 - i_t
     i_b, i_hq = i_bh // HQ, i_bh % HQ
-    i_t, bos, T = sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN=IS_VARLEN)
+    i_n, i_t, bos, T = sequence_bounds(i_b, i_t, T, cu_seqlens, chunk_indices, IS_VARLEN=IS_VARLEN)
     o_t = i_t * BT + tl.arange(0, BT)
-    return i_hq, i_hq // G, bos, T, i_t * BT, o_t, o_t < T
+    return i_hq, i_hq // G, i_n, bos, T, i_t * BT, o_t, o_t < T
 
 
 @triton.jit
 def key_tile(B, T, cu_seqlens, chunk_indices, NH: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """The dK/dV programs' prologue, over NH head programs per batch: (head, int64 sequence start, sequence length,
-    first key of the tile, key positions, their mask). Tiles keep their natural order: the first key tiles of a
+    """The dK/dV programs' prologue, over NH head programs per batch: (head, sequence, int64 sequence start, sequence
+    length, first key of the tile, key positions, their mask). Tiles keep their natural order: the first key tiles of a
     causal sequence see the most queries and so start first."""
     i_bh, i_tile = program_ids(B * NH)
     i_b, i_head = i_bh // NH, i_bh % NH
-    i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN=IS_VARLEN)
+    i_n, i_t, bos, T = sequence_bounds(i_b, i_tile, T, cu_seqlens, chunk_indices, IS_VARLEN=IS_VARLEN)
     o_s = i_t * BT + tl.arange(0, BT)
-    return i_head, bos, T, i_t * BT, o_s, o_s < T
+    return i_head, i_n, bos, T, i_t * BT, o_s, o_s < T
 
 
 @triton.jit

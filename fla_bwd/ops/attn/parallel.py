@@ -45,9 +45,9 @@ _HEURISTICS = {
     "USE_G": lambda args: args["g_cumsum"] is not None,
     "USE_SINK": lambda args: args["sink_bias"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-    # Tail queries (`host.tail_forward`): q holds the last T - Q0 positions of the keys' sequence. Q0 None: every
-    # position is a query, and the kernels compile to exactly what they were before tail queries existed.
-    "TAIL_Q": lambda args: args["Q0"] is not None,
+    # Tail queries: q holds the last T - Q0 positions of each key sequence (Q0 one offset, or packed: cu_seqlens_q,
+    # q's own offsets). Neither: every position is a query, and the kernels compile as before tail queries existed.
+    "TAIL_Q": lambda args: args["Q0"] is not None or args["cu_seqlens_q"] is not None,
     # Logit soft-capping (`inner.scores`); None: off, and the kernels compile as they did without it.
     "SOFTCAP": lambda args: args["softcap"] is not None,
     # Causal (WR None: the kernels compile as they did before non-causal calls), or keys up to WR after the query.
@@ -65,26 +65,35 @@ _DQ_HEURISTICS = dict(_HEURISTICS, USE_DLSE=lambda args: args["dlse"] is not Non
 # ----------------------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _query_tile(B, T, Q0, cu_seqlens, chunk_indices, HQ: tl.constexpr, G: tl.constexpr, BT: tl.constexpr,
-                IS_VARLEN: tl.constexpr, TAIL_Q: tl.constexpr):
+def _query_tile(B, T, Q0, cu_seqlens, cu_seqlens_q, chunk_indices, HQ: tl.constexpr, G: tl.constexpr,
+                BT: tl.constexpr, IS_VARLEN: tl.constexpr, TAIL_Q: tl.constexpr):
     """`query_tile`, plus the int64 row of q/o/dO/dq that holds position 0 of the sequence (`qbos`). With TAIL_Q the
-    programs cover the T - Q0 query positions [Q0, T) (Q0 a multiple of BT, dense only): positions stay those of
-    the keys (lse, delta, gc and dgc are indexed by them), and only q, o, dO and dq, which hold T - Q0 rows per
-    sequence, are addressed from a base Q0 rows back."""
-    i_hq, i_h, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
-                                                 IS_VARLEN=IS_VARLEN)
+    programs cover the T - Q0 query positions [Q0, T) of each sequence (Q0 a multiple of BT; `_tail_start`; packed:
+    `chunk_indices` lists the tiles of the query rows): positions stay those of the keys (lse, delta, gc and dgc
+    are indexed by them), and only q, o, dO and dq, which hold T - Q0 rows per sequence, are addressed from a base
+    Q0 rows back."""
+    i_hq, i_h, i_n, bos, T, t0, o_t, m_t = query_tile(B, T, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
+                                                      IS_VARLEN=IS_VARLEN)
     qbos = bos
     if TAIL_Q:
-        t0, o_t, qbos = t0 + Q0, o_t + Q0, _tail_row0(bos, T, Q0)
+        Q0, qbos = _tail_start(i_n, bos, T, Q0, cu_seqlens_q, IS_VARLEN=IS_VARLEN)
+        t0, o_t = t0 + Q0, o_t + Q0
         m_t = o_t < T
     return i_hq, i_h, bos, T, t0, o_t, m_t, qbos
 
 
 @triton.jit
-def _tail_row0(bos, T, Q0):
-    """Tail queries, dense: the (virtual) row of q/o/dO/dq for position 0 of sequence bos // T, which holds its
-    T - Q0 query rows from row (bos // T) * (T - Q0) on."""
-    return bos - (bos // T + 1) * Q0.to(tl.int64)
+def _tail_start(i_n, bos, T, Q0, cu_seqlens_q, IS_VARLEN: tl.constexpr):
+    """Tail queries of sequence i_n (first key bos, T keys): (its first query position Q0, the int64 (virtual) row
+    of q/o/dO/dq for its position 0). Dense: every sequence's T - Q0 query rows from row (bos // T) * (T - Q0) on;
+    packed: its rows [cu_seqlens_q[i_n], cu_seqlens_q[i_n + 1]) of q."""
+    if IS_VARLEN:
+        q_bos = tl.load(cu_seqlens_q + i_n).to(tl.int64)
+        Q0 = T - (tl.load(cu_seqlens_q + i_n + 1).to(tl.int64) - q_bos).to(tl.int32)
+        row0 = q_bos - Q0
+    else:
+        row0 = bos - (bos // T + 1) * Q0.to(tl.int64)
+    return Q0, row0
 
 
 @triton.jit
@@ -96,8 +105,8 @@ def _o_tile(base, qbos, i_hq, o_t, o_v, HQ: tl.constexpr, V: tl.constexpr):
 @triton.heuristics(_FWD_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B"])
 def parallel_attn_fwd_kernel(
-    q, k, v, o, o_lo, lse, lse_out, nonfinite, g_cumsum, sink_bias, cu_seqlens, chunk_indices, scale, softcap, T, W, WR,
-    NTOK, B, Q0,
+    q, k, v, o, o_lo, lse, lse_out, nonfinite, g_cumsum, sink_bias, cu_seqlens, cu_seqlens_q, chunk_indices, scale,
+    softcap, T, W, WR, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -113,8 +122,8 @@ def parallel_attn_fwd_kernel(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_hq, i_h, bos, T, t0, o_t, m_t, qbos = _query_tile(B, T, Q0, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
-                                                        IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q)
+    i_hq, i_h, bos, T, t0, o_t, m_t, qbos = _query_tile(B, T, Q0, cu_seqlens, cu_seqlens_q, chunk_indices, HQ=HQ,
+                                                        G=G, BT=BT, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     q_base = q + (qbos * HQ + i_hq) * K
@@ -201,7 +210,7 @@ def _dq_rows(
 @triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B"])
 def parallel_attn_bwd_kernel_dq(
     q, k, v, o, do, dq, dgc_q, lse, dlse, delta, nonfinite, g_cumsum, sink_bias, dsink_partial, cu_seqlens,
-    chunk_indices, scale, softcap, T, W, WR, NTOK, B, Q0,
+    cu_seqlens_q, chunk_indices, scale, softcap, T, W, WR, NTOK, B, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, REFINE_DELTA: tl.constexpr,
@@ -226,8 +235,8 @@ def parallel_attn_bwd_kernel_dq(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_hq, i_h, bos, T, t0, o_t, m_t, qbos = _query_tile(B, T, Q0, cu_seqlens, chunk_indices, HQ=HQ, G=G, BT=BT,
-                                                        IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q)
+    i_hq, i_h, bos, T, t0, o_t, m_t, qbos = _query_tile(B, T, Q0, cu_seqlens, cu_seqlens_q, chunk_indices, HQ=HQ,
+                                                        G=G, BT=BT, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     k_base = k + (bos * H + i_h) * K
@@ -340,14 +349,15 @@ def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr,
 @triton.jit
 def _dkv_heads(
     q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head, ds_slot0,
-    bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in, WR,
+    i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in, WR,
     HQ: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
-    SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, SINK_SUM: tl.constexpr,
-    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
+    SAFE: tl.constexpr, IS_VARLEN: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
+    SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
-    then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) (see `_query_tile`). STORE_DS: head
+    then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) of sequence i_n (`_tail_start`;
+    packed: Q0 from cu_seqlens_q). STORE_DS: head
     i_hq0 + i stores its dS tiles into band ds_slot0 + i of the descriptor `ds` (NTILE tiles a band, `from_ds.py`).
     ACC_IN: start from the fp32 sums in dk_in, dv_in (the heads of earlier launches) instead of zeros. SINK_SUM:
     head i_hq's share of the sink's gradient from this key tile into sink_part `[HQ, NTOK // T * cdiv(T, BT)]` at
@@ -355,7 +365,7 @@ def _dkv_heads(
     [BT, BS], NaN where a stored dS tile is not finite."""
     qbos = bos
     if TAIL_Q:
-        qbos = _tail_row0(bos, T, Q0)
+        Q0, qbos = _tail_start(i_n, bos, T, Q0, cu_seqlens_q, IS_VARLEN=IS_VARLEN)
     if DK_FROM_DS:
         b_dk = tl.zeros([BT, BS], dtype=tl.float32)  # not dK: `inner.dkv_block`'s flag block
         b_dv = tl.zeros([BT, BV], dtype=tl.float32)
@@ -410,10 +420,10 @@ def _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ: tl.constexpr, BP: tl.cons
 def _dkv_tile(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale,
     softcap, i_h,
-    i_hq0, i_head, ds_slot0, bos, s0, o_s, m_s, T, W, WR, NTOK, NTILE, Q0,
+    i_hq0, i_head, ds_slot0, i_n, bos, s0, o_s, m_s, T, W, WR, NTOK, NTILE, Q0, cu_seqlens_q,
     HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, TAIL_Q: tl.constexpr,
+    USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, IS_VARLEN: tl.constexpr, TAIL_Q: tl.constexpr,
     STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, SINK_SUM: tl.constexpr,
     DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
 ):
@@ -426,9 +436,9 @@ def _dkv_tile(
     qk_scale, cap_in = score_scales(scale, softcap, SOFTCAP=SOFTCAP)
     b_dk, b_dv = _dkv_heads(
         q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head,
-        ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in, WR,
+        ds_slot0, i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in, WR,
         HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
-        SAFE=CONTAIN == FIXUP, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
+        SAFE=CONTAIN == FIXUP, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
         DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
@@ -436,10 +446,10 @@ def _dkv_tile(
             if bad:
                 b_dk, b_dv = _dkv_heads(
                     q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0,
-                    i_head, ds_slot0, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, qk_scale, cap_in, WR,
-                    HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
-                    DOT_PREC=DOT_PREC, SAFE=True, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
-                    DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
+                    i_head, ds_slot0, i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in,
+                    WR, HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
+                    DOT_PREC=DOT_PREC, SAFE=True, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS,
+                    ACC_IN=ACC_IN, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     if DK_FROM_DS:
@@ -472,8 +482,8 @@ def ds_store_mode(ds, contain: int) -> int:
 @triton.heuristics(_DKV_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_query_head(
-    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    scale, softcap, T, W, WR, NTOK, B, NUM_PARTIALS, Q0,
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, cu_seqlens_q,
+    chunk_indices, scale, softcap, T, W, WR, NTOK, B, NUM_PARTIALS, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -485,14 +495,13 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_hq, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
+    i_hq, i_n, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale, softcap,
-        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, WR=WR,
-        NTOK=NTOK,
-        NTILE=0, Q0=Q0, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
-        DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q, STORE_DS=False, ACC_IN=False, ACC_OUT=False,
-        SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
+        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, i_n=i_n, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W,
+        WR=WR, NTOK=NTOK, NTILE=0, Q0=Q0, cu_seqlens_q=cu_seqlens_q, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT,
+        BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q,
+        STORE_DS=False, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
@@ -501,8 +510,8 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
 @triton.heuristics(_DKV_HEURISTICS)
 @triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B", "NUM_PARTIALS"])
 def parallel_attn_bwd_kernel_dkv_per_kv_head(
-    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, chunk_indices,
-    scale, softcap, T, W, WR, NTOK, B, NUM_PARTIALS, Q0,
+    q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, dsink_partial, dsink, cu_seqlens, cu_seqlens_q,
+    chunk_indices, scale, softcap, T, W, WR, NTOK, B, NUM_PARTIALS, Q0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -521,14 +530,15 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_part, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT, BT=BT,
-                                            IS_VARLEN=IS_VARLEN)
+    i_part, i_n, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT, BT=BT,
+                                                 IS_VARLEN=IS_VARLEN)
     i_hq0 = i_part * (G // SPLIT)
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale, softcap,
-        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
-        W=W, WR=WR, NTOK=NTOK, NTILE=None, Q0=Q0, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=G // SPLIT,
-        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=TAIL_Q,
+        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=0, i_n=i_n, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
+        W=W, WR=WR, NTOK=NTOK, NTILE=None, Q0=Q0, cu_seqlens_q=cu_seqlens_q, HQ=HQ, H=H, NH=H * SPLIT,
+        NUM_HEADS=G // SPLIT, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN,
+        IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q,
         STORE_DS=0, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
@@ -562,7 +572,7 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_part, bos, T, s0, o_s, m_s = key_tile(B, T, None, None, NH=H * SPLIT, BT=BT, IS_VARLEN=False)
+    i_part, i_n, bos, T, s0, o_s, m_s = key_tile(B, T, None, None, NH=H * SPLIT, BT=BT, IS_VARLEN=False)
     i_hq0 = i_part * (G // SPLIT)
     i_hq0 += G0
     # The band of this launch's first head: (batch, KV head and share, head in chunk).
@@ -574,9 +584,10 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
     _dkv_tile(
         q, k, v, do, dk, dv, None, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale,
         softcap,
-        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
-        W=W, WR=WR, NTOK=NTOK, NTILE=NTILE, Q0=None, HQ=HQ, H=H, NH=H * SPLIT, NUM_HEADS=HEADS,
-        K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, TAIL_Q=False,
+        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, i_n=i_n, bos=bos, s0=s0, o_s=o_s,
+        m_s=m_s, T=T, W=W, WR=WR, NTOK=NTOK, NTILE=NTILE, Q0=None, cu_seqlens_q=None, HQ=HQ, H=H, NH=H * SPLIT,
+        NUM_HEADS=HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN,
+        IS_VARLEN=False, TAIL_Q=False,
         STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT, SINK_SUM=USE_SINK, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP,
         CAUSAL=CAUSAL)
 
@@ -599,6 +610,7 @@ def parallel_attn(
     causal: bool = True,
     softcap: Optional[float] = None,
     return_lse: bool = False,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
     **kwargs,
 ):
     """Causal softmax attention with GQA, forget gates, a sliding window, attention sinks and packed sequences.
@@ -649,7 +661,7 @@ def parallel_attn(
     FLA_BWD_DQ_PATH seven products ("recompute") or five ("from-ds", scratch bounded by FLA_BWD_DS_BUDGET_MIB).
     """
     check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices, kwargs, return_lse,
-                      softcap, causal)
+                      softcap, causal, cu_seqlens_k)
     if window_size == 0:  # FLA's meaning: no key visible, the sink (required) takes all the mass
         return NoKeyVisible.apply(q, k, v, g, sink_bias, return_lse)
     if q.is_cuda and torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
@@ -663,13 +675,19 @@ def parallel_attn(
     # The kernels read cu_seqlens with unit stride.
     cu_seqlens = cu_seqlens.contiguous() if cu_seqlens is not None else None
     W, WR = resolve_window(window_size, causal)
-    pad = 0
-    if q.shape[1] != k.shape[1]:  # queries shorter than keys: laid on the tiles (`frame_tail`)
-        frame = frame_tail(q.shape[1], k.shape[1], W, max(q.shape[3], v.shape[3]), q.dtype)
+    D = max(q.shape[3], v.shape[3])
+    pad, rows, cu_seqlens_q = 0, None, None
+    if cu_seqlens_k is not None:  # packed queries shorter than keys: laid on the tiles (`frame_packed`)
+        frame = frame_packed(cu_seqlens, cu_seqlens_k.contiguous(), q.shape[1], k.shape[1], W, D, q.dtype)
+        if frame is not None:
+            q, k, v, g = apply_packed_frame(frame, q, k, v, g)
+            rows, cu_seqlens_q, cu_seqlens = frame.q_rows, frame.cu_q, frame.cu_k
+    elif q.shape[1] != k.shape[1]:  # queries shorter than keys: laid on the tiles (`frame_tail`)
+        frame = frame_tail(q.shape[1], k.shape[1], W, D, q.dtype)
         q, k, v, g = apply_frame(frame, q, k, v, g)
         pad = frame.pad
     args = (q, k, v, g, sink_bias, cu_seqlens, resolve_scale(scale, q.shape[-1]), W, return_lse,
-            resolve_softcap(softcap), WR)
+            resolve_softcap(softcap), WR, cu_seqlens_q)
     if torch.compiler.is_compiling():
         o, _, _, lse = parallel_attn_fwd_op(*args)
     elif return_lse:
@@ -679,6 +697,9 @@ def parallel_attn(
     if pad:  # the query rows `frame_tail` added
         o = o[:, pad:].contiguous()
         lse = lse[:, pad:].contiguous() if return_lse else None
+    if rows is not None:  # q's rows in the packed frame
+        o = o.index_select(1, rows)
+        lse = lse.index_select(1, rows) if return_lse else None
     return (o, lse) if return_lse else o
 
 
@@ -688,6 +709,8 @@ from fla_bwd.ops.attn.autograd import (  # noqa: E402
     EagerParallelAttn,
     NoKeyVisible,
     apply_frame,
+    apply_packed_frame,
+    frame_packed,
     frame_tail,
     parallel_attn_fwd_op,
 )

@@ -212,7 +212,7 @@ def check_chunk_indices(chunk_indices, device: torch.device) -> None:
 
 
 def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chunk_indices=None,
-                      kwargs=None, return_lse=False, softcap=None, causal=True) -> None:
+                      kwargs=None, return_lse=False, softcap=None, causal=True, cu_seqlens_k=None) -> None:
     """Validate `parallel_attn`'s arguments (see its docstring for the shapes); `chunk_indices` and `kwargs` (the
     extra keywords) are FLA's (`check_chunk_indices`, `check_fla_kwargs`)."""
     if kwargs:
@@ -240,9 +240,13 @@ def check_attn_inputs(q, k, v, g, scale, window_size, cu_seqlens, sink_bias, chu
         raise ValueError(f"k must be [B, Tk, H, K] = [{B}, Tk >= {Tq}, H, {K}] to match q {tuple(q.shape)} (q's "
                          f"queries sit at k's last Tq positions; more queries than keys are not supported), "
                          f"got {tuple(k.shape)}{_k_swapped_hint(q.shape, k.shape)}")
-    if cu_seqlens is not None and T != Tq:
-        raise ValueError(f"with cu_seqlens, q and k must have one packed length (q {Tq}, k {T} tokens): packed "
-                         f"queries shorter than keys are not supported yet")
+    if cu_seqlens_k is not None:
+        if cu_seqlens is None:
+            raise ValueError("cu_seqlens_k (k's packed offsets) needs cu_seqlens, q's offsets")
+        check_cu_seqlens(cu_seqlens_k, B, q.device, "cu_seqlens_k")
+    elif cu_seqlens is not None and T != Tq:
+        raise ValueError(f"with cu_seqlens alone, q and k must have one packed length (q {Tq}, k {T} tokens): for "
+                         f"packed queries shorter than keys pass k's offsets as cu_seqlens_k")
     if v.shape[:3] != (B, T, H):
         hint = ""
         if v.shape[:3] == (B, H, T) and H != T:
@@ -394,19 +398,19 @@ def _k_swapped_hint(q_shape, k_shape) -> str:
     return ""
 
 
-def check_cu_seqlens(cu_seqlens, B: int, device: torch.device) -> None:
+def check_cu_seqlens(cu_seqlens, B: int, device: torch.device, name: str = "cu_seqlens") -> None:
     """Structure of `cu_seqlens` (type, rank, dtype, device, B == 1); its values are read and checked at every call by
     `fla_bwd.ops.utils.index.varlen_tiles`, inside the op, so that `torch.compile` traces none of it."""
-    _tensor("cu_seqlens", cu_seqlens, 1)
+    _tensor(name, cu_seqlens, 1)
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        raise TypeError(f"{name} must be int32 or int64, got {cu_seqlens.dtype}")
     if B != 1:
-        raise ValueError(f"cu_seqlens requires packed inputs with batch size B == 1, got B = {B}")
+        raise ValueError(f"{name} requires packed inputs with batch size B == 1, got B = {B}")
     if cu_seqlens.device != device:
-        raise ValueError(f"cu_seqlens must be on the inputs' device {device}, got {cu_seqlens.device}: move it "
-                         f"with cu_seqlens.to(q.device)")
+        raise ValueError(f"{name} must be on the inputs' device {device}, got {cu_seqlens.device}: move it "
+                         f"with {name}.to(q.device)")
     if cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must hold at least 2 offsets [0, ..., T], got {cu_seqlens.numel()}")
+        raise ValueError(f"{name} must hold at least 2 offsets [0, ..., T], got {cu_seqlens.numel()}")
 
 
 def resolve_softcap(softcap: Optional[float]) -> float:

@@ -48,6 +48,31 @@ class VarlenTiles:
         return self._chunks[BT]
 
 
+class TailTiles(VarlenTiles):
+    """Packed tail queries: the tiles of the keys' offsets (this object's own, as `VarlenTiles`), with `queries`, the
+    tiles of q's offsets (sequence i_n's queries are the last ones of its keys, `autograd.frame_packed`)."""
+
+    def __init__(self, keys: VarlenTiles, queries: VarlenTiles):
+        super().__init__(keys.offsets, keys.device)
+        self.queries = queries
+        self.key = ("tail", self.key, queries.key)
+
+
+_TAILS: "collections.OrderedDict[tuple, TailTiles]" = collections.OrderedDict()
+
+
+def tail_tiles(keys: VarlenTiles, queries: VarlenTiles) -> TailTiles:
+    """The `TailTiles` of these two offsets, built once while they keep coming (their tile lists stay on the
+    device)."""
+    key = (keys.offsets, queries.offsets, keys.device)
+    tiles = _TAILS.get(key)
+    if tiles is None:
+        tiles = _TAILS[key] = TailTiles(keys, queries)
+        while len(_TAILS) > _CACHE_SIZE:
+            _TAILS.popitem(last=False)
+    return tiles
+
+
 # Offsets seen last, by value (a training step calls forward and backward, every layer, with one cu_seqlens), and
 # per tensor object the entry of its last call outside a capture (for calls under capture only).
 _BY_VALUE: "collections.OrderedDict[tuple, VarlenTiles]" = collections.OrderedDict()
