@@ -149,6 +149,71 @@ def test_short_queries_contain_nonfinite(which, t, W, value):
     _check_poisoned(out, clean, _dependence(which, t, Tq, Tk, W or Tk, HQ, H))
 
 
+def _packed_check(lq, lk, HQ=4, H=2, K=32, dtype=bf16, gate=False, sink=False, lse=False, **kw):
+    """Packed queries shorter than keys (cu_seqlens: q's offsets, cu_seqlens_k: k's) against the oracle, one call per
+    sequence on its own slices, concatenated."""
+    def offsets(lengths):
+        return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+
+    cq, ck = offsets(lq), offsets(lk)
+    x, do, dlse = _inputs(1, sum(lq), sum(lk), HQ, H, K, K, dtype, gate, sink)
+    out = _grads(lambda **a: parallel_attn(**a, cu_seqlens=cq, cu_seqlens_k=ck, return_lse=lse, **kw), x, do, dlse,
+                 lse)
+    ref_x = dict(x)
+    if sink:
+        ref_x["sink_bias"] = x["sink_bias"].detach().clone().requires_grad_()
+
+    def oracle(q, k, v, g=None, sink_bias=None):
+        outs = []
+        for n in range(len(lq)):
+            if lq[n]:
+                a, b, c, d = cq[n], cq[n + 1], ck[n], ck[n + 1]
+                outs.append(naive_parallel_attn(q[:, a:b], k[:, c:d], v[:, c:d], g=g[:, c:d] if g is not None else None,
+                                                sink_bias=sink_bias, return_lse=True, **kw))
+        o, l_ = torch.cat([o for o, _ in outs], 1), torch.cat([l_ for _, l_ in outs], 1)
+        return (o, l_) if lse else o
+
+    ref = _grads(oracle, ref_x, do, dlse, lse, cast=lambda t: t.float())
+    compare(ref, out)
+
+
+PACKED = [
+    dict(lq=[20, 0, 33], lk=[75, 10, 33]),  # a sequence without queries, one without an offset
+    dict(lq=[17, 5], lk=[70, 40], gate=True, sink=True),
+    dict(lq=[20, 12], lk=[70, 44], window_size=9, gate=True),  # keys dropped in one, zero query rows in the other
+    dict(lq=[10, 25], lk=[44, 60], causal=False, window_size=(33, 5), lse=True),
+    dict(lq=[8, 1], lk=[8, 64], softcap=3.0, lse=True, dtype=f16),
+    dict(lq=[30, 20], lk=[30, 20], sink=True),  # every sequence as many queries as keys: the ordinary packed call
+]
+
+
+@pytest.mark.parametrize("case", PACKED, ids=[_id(c) for c in PACKED])
+def test_packed_short_queries_match_oracle(case):
+    _packed_check(**case)
+
+
+def test_packed_short_queries_dkv_kernels():
+    for path in ("legacy", "gqa-split2"):
+        with dkv_path(path):
+            _packed_check([21, 3], [70, 35], gate=True, window_size=40)
+
+
+def test_packed_short_query_errors():
+    q = torch.randn(1, 30, 2, 32, device=DEVICE)
+    k = torch.randn(1, 50, 1, 32, device=DEVICE)
+    cq = torch.tensor([0, 10, 30], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="cu_seqlens_k .* needs cu_seqlens"):
+        parallel_attn(q, k, k, cu_seqlens_k=torch.tensor([0, 50], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(TypeError, match="cu_seqlens_k must be int32 or int64"):
+        parallel_attn(q, k, k, cu_seqlens=cq, cu_seqlens_k=torch.tensor([0.0, 50.0], device=DEVICE))
+    with pytest.raises(ValueError, match="one sequence each"):
+        parallel_attn(q, k, k, cu_seqlens=cq, cu_seqlens_k=torch.tensor([0, 50], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="sequence 1 has 20 queries .* and 15 keys"):
+        parallel_attn(q, k, k, cu_seqlens=cq, cu_seqlens_k=torch.tensor([0, 35, 50], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="cu_seqlens_k must end at the packed length T = 50"):
+        parallel_attn(q, k, k, cu_seqlens=cq, cu_seqlens_k=torch.tensor([0, 20, 40], dtype=torch.int32, device=DEVICE))
+
+
 def test_short_query_errors():
     q = torch.randn(1, 40, 2, 32, device=DEVICE)
     k = torch.randn(1, 30, 1, 32, device=DEVICE)
@@ -160,5 +225,28 @@ def test_short_query_errors():
     with pytest.raises(ValueError, match=r"g must be \[B, Tk, HQ\] = \[1, 50, 2\]"):
         parallel_attn(q, k, k, g=torch.zeros(1, 40, 2, device=DEVICE))
     cu = torch.tensor([0, 40], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="packed queries shorter than keys are not supported"):
+    with pytest.raises(ValueError, match="pass k's offsets as cu_seqlens_k"):
         parallel_attn(q, k, k, cu_seqlens=cu)
+
+
+def test_short_queries_compile():
+    """Under torch.compile: a dense short call in one graph (fullgraph; the framing is plain torch), a packed one
+    with a graph break at `frame_packed` (it reads the offsets); both match eager."""
+    torch._dynamo.reset()
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    x, do, _ = _inputs(1, 20, 70, 4, 2, 32, 32, bf16, gate=True)
+
+    def dense(q, k, v, g):
+        return parallel_attn(q, k, v, g=g, window_size=9)
+
+    cq = torch.tensor([0, 12, 20], dtype=torch.int32, device=DEVICE)
+    ck = torch.tensor([0, 40, 70], dtype=torch.int32, device=DEVICE)
+
+    def packed(q, k, v, g):
+        return parallel_attn(q, k, v, g=g, cu_seqlens=cq, cu_seqlens_k=ck)
+
+    for fn, fullgraph in ((dense, True), (packed, False)):
+        got = _grads(torch.compile(fn, backend=backend, fullgraph=fullgraph), x, do, None, False)
+        want = _grads(fn, x, do, None, False)
+        for name in want:
+            assert torch.allclose(got[name].float(), want[name].float(), rtol=1e-3, atol=1e-3), (fn.__name__, name)

@@ -93,7 +93,7 @@ def frame_packed(cu_q: torch.Tensor, cu_k: torch.Tensor, Tq: int, Tk: int, W: in
     another count of sequences or more queries than keys in one), as one gather of q's and of k's rows; None where
     every sequence has as many queries as keys (the ordinary packed call). Built once per set of offsets (the
     index tensors stay on the device, also for CUDA-graph capture after a first call)."""
-    queries, keys = varlen_tiles(cu_q, Tq), varlen_tiles(cu_k, Tk)
+    queries, keys = varlen_tiles(cu_q, Tq), varlen_tiles(cu_k, Tk, "cu_seqlens_k")
     key = (queries.offsets, keys.offsets, W, D, dtype, cu_q.device)
     if key in _FRAMES:
         return _FRAMES[key]
@@ -172,7 +172,7 @@ def _fwd_fake(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, return_lse=
     lse = q.new_empty(HQ, B * T, dtype=torch.float32)
     g_cumsum = q.new_empty(HQ, B * T, dtype=torch.float32) if g is not None else q.new_empty(0, dtype=torch.float32)
     lse_out = q.new_empty(B, Tq, HQ, dtype=torch.float32) if return_lse else q.new_empty(0, dtype=torch.float32)
-    return q.new_empty(B, T, HQ, v.shape[3]), lse, g_cumsum, lse_out
+    return q.new_empty(B, Tq, HQ, v.shape[3]), lse, g_cumsum, lse_out
 
 
 @torch.library.custom_op("fla_bwd::parallel_attn_bwd", mutates_args=())

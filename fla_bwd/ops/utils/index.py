@@ -80,28 +80,29 @@ _LAST_CALL: list = []
 _CACHE_SIZE = 8
 
 
-def check_offsets(offsets: Tuple[int, ...], T: int) -> None:
+def check_offsets(offsets: Tuple[int, ...], T: int, name: str = "cu_seqlens") -> None:
     if offsets[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
+        raise ValueError(f"{name} must start at 0, got {offsets[0]}")
     if any(b < a for a, b in zip(offsets, offsets[1:])):
-        raise ValueError("cu_seqlens must be non-decreasing")
+        raise ValueError(f"{name} must be non-decreasing")
     if offsets[-1] != T:
-        raise ValueError(f"cu_seqlens must end at the packed length T = {T}, got {offsets[-1]}")
+        raise ValueError(f"{name} must end at the packed length T = {T}, got {offsets[-1]}")
 
 
-def varlen_tiles(cu_seqlens: torch.Tensor, T: int) -> VarlenTiles:
-    """The tiles of `cu_seqlens`' current values, after checking them (ValueError) against the packed length T."""
+def varlen_tiles(cu_seqlens: torch.Tensor, T: int, name: str = "cu_seqlens") -> VarlenTiles:
+    """The tiles of `cu_seqlens`' current values, after checking them (ValueError, naming the argument `name`)
+    against the packed length T."""
     if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
         return _under_capture(cu_seqlens)
     key = (tuple(cu_seqlens.tolist()), cu_seqlens.device)
     tiles = _BY_VALUE.get(key)
     if tiles is None:
-        check_offsets(key[0], T)
+        check_offsets(key[0], T, name)
         tiles = _BY_VALUE[key] = VarlenTiles(*key)
         while len(_BY_VALUE) > _CACHE_SIZE:
             _BY_VALUE.popitem(last=False)
     elif tiles.offsets[-1] != T:
-        check_offsets(key[0], T)
+        check_offsets(key[0], T, name)
     if cu_seqlens.is_cuda:
         _remember(cu_seqlens, tiles)
     return tiles
