@@ -616,9 +616,9 @@ def parallel_attn(
     """Causal softmax attention with GQA, forget gates, a sliding window, attention sinks and packed sequences.
 
     Args:
-        q: `[B, T, HQ, K]` queries, float16, bfloat16 or float32. Or `[B, Tq, HQ, K]` with Tq <= T, k's length (dense
-            only): the queries of the last Tq positions (bottom-right, flash-attn's rule for seqlen_q < seqlen_k;
-            windows count from each query's position); o and lse then have Tq rows.
+        q: `[B, T, HQ, K]` queries, float16, bfloat16 or float32. Or `[B, Tq, HQ, K]` with Tq <= T, k's length: the
+            queries of the last Tq positions (bottom-right, flash-attn's rule for seqlen_q < seqlen_k; windows count
+            from each query's position; packed: see cu_seqlens_k); o and lse then have Tq rows.
         k: `[B, T, H, K]` keys, q's dtype. HQ must be a multiple of H; query head h reads KV head h // (HQ // H).
         v: `[B, T, H, V]` values, q's dtype. K and V are any sizes from 1 to 256 and may differ.
         g: optional `[B, T, HQ]` log forget gate (Forgetting Transformer), fp16, bf16, fp32 or fp64. With gc its
@@ -640,6 +640,9 @@ def parallel_attn(
         softcap: optional logit soft-capping (Gemma 2), keyword only: scores become
             softcap * tanh(scale * q.k / softcap) before the gate's bias and the sink. None or 0.0: off.
         return_lse: also return lse (keyword only).
+        cu_seqlens_k: packed queries shorter than keys (keyword only): k's `[N + 1]` offsets, with cu_seqlens then
+            q's; sequence n's queries are the last ones of its keys (bottom-right), at most as many; g over k's
+            tokens. Under torch.compile this call has a graph break where the offsets are read.
 
     Returns:
         o: `[B, T, HQ, V]` in q's dtype; with `return_lse`, the pair (o, lse), lse `[B, T, HQ]` fp32: the natural log
