@@ -19,6 +19,7 @@ from test_attn_nan import _check_poisoned
 
 from fla_bwd.ops.attn import host, naive_parallel_attn, parallel_attn
 from fla_bwd.ops.attn.autograd import frame_tail
+from fla_bwd.ops.forgetting_attn import parallel_forgetting_attn
 from fla_bwd.settings import dkv_path
 
 f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
@@ -212,6 +213,18 @@ def test_packed_short_query_errors():
         parallel_attn(q, k, k, cu_seqlens=cq, cu_seqlens_k=torch.tensor([0, 35, 50], dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="cu_seqlens_k must end at the packed length T = 50"):
         parallel_attn(q, k, k, cu_seqlens=cq, cu_seqlens_k=torch.tensor([0, 20, 40], dtype=torch.int32, device=DEVICE))
+
+
+def test_forgetting_attn_takes_short_queries():
+    """`parallel_forgetting_attn` passes q shorter than k (dense and packed) to `parallel_attn`: the same results."""
+    x, do, _ = _inputs(1, 20, 70, 2, 1, 32, 32, bf16, gate=True)
+    cq = torch.tensor([0, 12, 20], dtype=torch.int32, device=DEVICE)
+    ck = torch.tensor([0, 40, 70], dtype=torch.int32, device=DEVICE)
+    for kw in ({}, {"cu_seqlens": cq, "cu_seqlens_k": ck}):
+        a = _grads(lambda q, k, v, g, kw=kw: parallel_forgetting_attn(q, k, v, g, **kw), x, do, None, False)
+        b = _grads(lambda kw=kw, **y: parallel_attn(**y, **kw), x, do, None, False)
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
 
 
 def test_short_query_errors():
