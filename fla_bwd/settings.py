@@ -27,7 +27,7 @@ DQ_PATHS = ("auto", "recompute", "from-ds")
 # The five-product backward's dS scratch: at most this many MiB per backward (chunks of query heads beyond it; the
 # seven-product backward when one head of every KV head does not fit). README, "Memory".
 DEFAULT_DS_BUDGET_MIB = 1024
-# The five-product backward's dK/dV + dS kernel: "triton" (`parallel.parallel_attn_bwd_kernel_dkv_per_kv_head`) or
+# The five-product backward's dK/dV + dS kernel: "triton" (`kernels.parallel_attn_bwd_kernel_dkv_per_kv_head`) or
 # "hopper" (the warp-specialized Gluon kernel for sm_90, `fla_bwd.ops.attn.gluon_dkv`); "auto": hopper where it runs.
 DS_KERNELS = ("auto", "triton", "hopper")
 

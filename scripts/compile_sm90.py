@@ -33,7 +33,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import fla_bwd.ops.attn.parallel as P
+import fla_bwd.ops.attn.kernels as P
 from fla_bwd.ops.attn.config import (
     DK_FROM_DS_ABOVE_D,
     DK_FROM_DS_LAUNCH,
@@ -217,7 +217,8 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False, fea
                 DOT_PREC="ieee" if dtype == f32 else "tf32")
     gate, sk = (t(f32) if gated else None), (t(f32) if sink else None)
     base = dict(q=t(), k=t(), v=t(), lse=t(f32), nonfinite=t(torch.int8), g_cumsum=gate, cu_seqlens=None,
-                chunk_indices=None, scale=0.1, softcap=None, T=100, W=100, WR=None, NTOK=100, B=1, Q0=None, **dims)
+                cu_seqlens_q=None, chunk_indices=None, scale=0.1, softcap=None, T=100, W=100, WR=None, NTOK=100, B=1,
+                Q0=None, **dims)
     dkv = dict(base, do=t(), dgc_k=gate, dsink_partial=sk, dsink=sk, delta=t(f32), NUM_PARTIALS=7)
     # Each kernel is compiled in its three CONTAIN modes (INLINE, FLAG, FIXUP; see `host.add_contained`).
     plain = [
@@ -255,11 +256,12 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False, fea
 
 
 def _features(D: int, dtype, t, plain: list, dkv: dict, no_ds: dict):
-    """(kernels in 3 CONTAIN modes, kernels in one) of softcap, non-causal calls and return_lse: the forward, dQ, the
-    per-KV-head and the dS-storing dK/dV kernels with softcap (the last with a sink; above head dim 128 its dV-alone
-    form); the forward, dQ and the per-KV-head dK/dV kernel not causal (a window reaching 50 keys ahead, a sink, no
-    gate); the forward storing the user's lse, dQ subtracting its gradient (with a sink: exact delta), and the
-    five-product delta and sink-gradient kernels with it."""
+    """(kernels in 3 CONTAIN modes, kernels in one) of softcap, non-causal calls, packed tail queries and return_lse:
+    the forward, dQ, the per-KV-head and the dS-storing dK/dV kernels with softcap (the last with a sink; above head
+    dim 128 its dV-alone form); the forward, dQ and the per-KV-head dK/dV kernel not causal (a window reaching 50
+    keys ahead, a sink, no gate) and with packed queries shorter than keys (`cu_seqlens_q`, gated, with a sink); the
+    forward storing the user's lse, dQ subtracting its gradient (with a sink: exact delta), and the five-product
+    delta and sink-gradient kernels with it."""
     import fla_bwd.ops.attn.from_ds as F
     f32 = torch.float32
     fwd, dq, _, dkv_kv = (dict(launch) for _, _, launch, _ in plain[:4])
@@ -281,6 +283,12 @@ def _features(D: int, dtype, t, plain: list, dkv: dict, no_ds: dict):
                "dq"),
               ("dkv_per_kv_head_noncausal", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
                dict(dkv_kv, dgc_k=None, **ungated), "dkv")]
+    i32 = torch.int32
+    packed = dict(cu_seqlens=t(i32), cu_seqlens_q=t(i32), chunk_indices=t(i32))
+    moded += [("fwd_tail_packed", P.parallel_attn_fwd_kernel, dict(fwd, **packed), "fwd"),
+              ("dq_tail_packed", P.parallel_attn_bwd_kernel_dq, dict(dq, **packed), "dq"),
+              ("dkv_per_kv_head_tail_packed", P.parallel_attn_bwd_kernel_dkv_per_kv_head, dict(dkv_kv, **packed),
+               "dkv")]
     bk = max(16, triton.next_power_of_2(D))
     once = [("fwd_lse_out[flag]", P.parallel_attn_fwd_kernel, dict(fwd, lse_out=t(f32), CONTAIN=FLAG.value), "fwd"),
             ("dq_dlse[flag]", P.parallel_attn_bwd_kernel_dq, dict(dq, dlse=t(f32), CONTAIN=FLAG.value), "dq"),

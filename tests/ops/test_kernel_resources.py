@@ -142,15 +142,16 @@ def test_five_product_kernels_fit_hopper_shared_memory():
 
 
 def test_feature_kernels_fit_hopper_shared_memory():
-    """The kernels' softcap, non-causal and return_lse forms (scripts/compile_sm90.py --features: the forward, dQ,
-    the per-KV-head and the dS-storing dK/dV kernels with softcap, the forward, dQ and the per-KV-head dK/dV kernel
-    not causal, in 3 CONTAIN modes each; the forward storing the user's lse, dQ subtracting its gradient, and the
-    five-product delta and sink-gradient kernels with it) at head dims 64, 128, 256 (16-bit)."""
+    """The kernels' softcap, non-causal, packed-tail-query and return_lse forms (scripts/compile_sm90.py --features:
+    the forward, dQ, the per-KV-head and the dS-storing dK/dV kernels with softcap, the forward, dQ and the
+    per-KV-head dK/dV kernel not causal and with packed queries shorter than keys, in 3 CONTAIN modes each; the
+    forward storing the user's lse, dQ subtracting its gradient, and the five-product delta and sink-gradient kernels
+    with it) at head dims 64, 128, 256 (16-bit)."""
     rc, lines = compile_sm90_recorded("features", ["--features", "--dims", "64,128,256", "--jobs", "2"])
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    # ((4 softcap + 3 non-causal forms) x 3 CONTAIN modes + 4 return_lse forms) x 3 dims
-    assert out.count("smem") == (7 * 3 + 4) * 3, out
+    # ((4 softcap + 3 non-causal + 3 packed-tail forms) x 3 CONTAIN modes + 4 return_lse forms) x 3 dims
+    assert out.count("smem") == (10 * 3 + 4) * 3, out
 
 
 def test_hopper_dkv_kernel_fits_hopper_shared_memory():

@@ -4,7 +4,7 @@ already forms.
 
 The seven-product backward runs a dQ kernel that recomputes S = Q K^T and dP = dO V^T for every visible pair (two
 products) before its dq += dS K. Here the KV-head-owned dK/dV kernel stores each dS tile it consumes (16-bit, the
-exact values its dK product reads: `parallel.parallel_attn_bwd_kernel_dkv_ds_per_kv_head`, or on Hopper
+exact values its dK product reads: `kernels.parallel_attn_bwd_kernel_dkv_ds_per_kv_head`, or on Hopper
 `gluon_dkv.py`), and a dQ kernel reads them back: dq_i = scale * sum_j dS_ij K_j, one product a tile, summed in a
 fixed order (deterministic, no atomics). The launches, in order (`host.add_five_product`):
 
@@ -74,7 +74,7 @@ def delta_kernel(o, o_lo, do, dlse, delta, R, NTOK, HQ: tl.constexpr, V: tl.cons
                  BV: tl.constexpr, EXACT_O: tl.constexpr, USE_DLSE: tl.constexpr):
     """delta `[HQ, NTOK]` (fp32) = rowsum(o * dO) over the R = NTOK * HQ rows of o, dO `[NTOK, HQ, V]`; EXACT_O:
     with o in fp32, from o and the forward's int8 o_lo (`inner.o_lo_decode`, `parallel_attn_fwd_kernel`). USE_DLSE:
-    minus dlse `[NTOK, HQ]`, the gradient of the user's natural lse (see `parallel._dq_rows`): every kernel after
+    minus dlse `[NTOK, HQ]`, the gradient of the user's natural lse (see `kernels._dq_rows`): every kernel after
     this one then takes it through delta."""
     o_r = tl.program_id(0) * BR + tl.arange(0, BR)
     o_v = tl.arange(0, BV)

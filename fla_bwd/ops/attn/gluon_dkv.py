@@ -1,7 +1,7 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """The five-product backward's dK/dV kernel for Hopper, written in Gluon (issue 18).
 
-Same outputs as the Triton dS-storing kernel (`parallel.parallel_attn_bwd_kernel_dkv_ds_per_kv_head`, `from_ds.py`'s
+Same outputs as the Triton dS-storing kernel (`kernels.parallel_attn_bwd_kernel_dkv_ds_per_kv_head`, `from_ds.py`'s
 tile layout), in FlashAttention-3's structure, which Triton 3.6 does not build from the Triton kernel: a persistent
 grid, a producer partition that copies K/V and each (query head, query block)'s q, dO,
 lse and delta by TMA into a ring of shared-memory stages behind mbarriers, and two consumer warpgroups that run the

@@ -8,8 +8,7 @@ built once per key from the call's `dispatch.Route` alone, by one function per k
 `add_dkv`, `add_five_product`: buffers, launch arguments, NaN/Inf containment). So a call's host work is its key,
 one dict lookup, its buffers and its launches.
 
-`parallel.py` holds `parallel_attn` beside the kernels (the design card's file), so it, `autograd` and this module
-import each other in one cycle; nothing else does.
+It imports the kernels (`kernels.py`) and is imported by `autograd` alone: imports run one way.
 """
 
 import contextlib
@@ -40,7 +39,7 @@ from fla_bwd.ops.attn.from_ds import (
 )
 from fla_bwd.ops.attn.gluon_dkv import HopperDkvLaunch
 from fla_bwd.ops.attn.inner import DS_BY_DESCRIPTOR, FIXUP, FLAG, INLINE
-from fla_bwd.ops.attn.parallel import (
+from fla_bwd.ops.attn.kernels import (
     ds_store_mode,
     parallel_attn_bwd_kernel_dkv_ds_per_kv_head,
     parallel_attn_bwd_kernel_dkv_per_kv_head,

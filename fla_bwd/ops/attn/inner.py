@@ -1,5 +1,5 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Triton building blocks shared by the attention kernels in `parallel.py`.
+"""Triton building blocks shared by the attention kernels in `kernels.py`.
 
 Conventions (FLA's): `i_` program or loop index, `o_` offsets, `m_` masks, `p_` pointers, `b_` on-chip blocks.
 Positions (`o_t`, `o_s`, `i_t`, `i_s`) are int32 token positions inside one sequence; every address is built from
@@ -593,7 +593,7 @@ def dkv_one_head(
     over the tile's pairs of p_sink_i * dS_ij, this head's share of the sink's gradient (`from_ds.sink_grad_kernel`).
     DK_FROM_DS: b_dk is the block of `dkv_block`'s DK_FROM_DS, not dK.
 
-    TAIL_Q: only positions [Q0, T) are queries (Q0 a multiple of BS; `parallel._query_tile`): each range starts at
+    TAIL_Q: only positions [Q0, T) are queries (Q0 a multiple of BS; `kernels._query_tile`): each range starts at
     Q0 at the earliest, so the ranges stay consecutive BS-blocks (from max(first, Q0)) and no row before Q0 is read.
     """
     tl.static_assert(CAUSAL or not (USE_G or STORE_DS), "gates and dS tiles are causal")
