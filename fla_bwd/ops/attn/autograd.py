@@ -71,16 +71,14 @@ def apply_frame(frame: TailFrame, q, k, v, g):
 
 
 class PackedFrame(NamedTuple):
-    """Packed tail queries laid on the tiles (`frame_packed`): the framed offsets of q (`cu_q`) and of k (`cu_k`),
-    each row of q's row in the framed q (`q_rows`, None: the same), and the rows of k kept (`k_src`) with their rows
-    in the framed k (`k_dst`, None: k unchanged); `TQ`, `TK`: the framed lengths."""
+    """Packed tail queries laid on the tiles (`frame_packed`): the framed offsets of q (`cu_q`) and of k (`cu_k`);
+    each row of q's row in the framed q (`q_rows`); for each framed row of q and of k, the row of q or k it holds,
+    or the row one past the end for a zero row (`q_from`, `k_from`; None: the same rows)."""
     cu_q: torch.Tensor
     cu_k: torch.Tensor
     q_rows: Optional[torch.Tensor]
-    k_src: Optional[torch.Tensor]
-    k_dst: Optional[torch.Tensor]
-    TQ: int
-    TK: int
+    q_from: Optional[torch.Tensor]
+    k_from: Optional[torch.Tensor]
 
 
 _FRAMES: dict = {}
@@ -106,14 +104,14 @@ def frame_packed(cu_q: torch.Tensor, cu_k: torch.Tensor, Tq: int, Tk: int, W: in
                              f"many queries as keys (they are the sequence's last positions)")
     frame = None
     if queries.lengths != keys.lengths:
-        cu_qf, cu_kf, q_rows, k_src, k_dst = [0], [0], [], [], []
-        for a, b, k0 in zip(queries.lengths, keys.lengths, keys.offsets):
+        cu_qf, cu_kf, q_rows, q_from, k_from = [0], [0], [], [], []
+        for a, b, q0, k0 in zip(queries.lengths, keys.lengths, queries.offsets, keys.offsets):
             f = frame_tail(a, b, W, D, dtype)
             q_rows.extend(range(cu_qf[-1] + f.pad, cu_qf[-1] + f.pad + a))
+            q_from.extend([Tq] * f.pad + list(range(q0, q0 + a)))
             cu_qf.append(cu_qf[-1] + f.pad + a)
-            first = max(f.start, 0)  # the first key kept; -start zero keys before it where start < 0
-            k_src.extend(range(k0 + first, k0 + b))
-            k_dst.extend(range(cu_kf[-1] + first - f.start, cu_kf[-1] + b - f.start))
+            # from key `start` on; -start zero keys first where start < 0
+            k_from.extend([Tk] * max(-f.start, 0) + list(range(k0 + max(f.start, 0), k0 + b)))
             cu_kf.append(cu_kf[-1] + b - f.start)
 
         def dev(x, dt=torch.int64):
@@ -122,20 +120,27 @@ def frame_packed(cu_q: torch.Tensor, cu_k: torch.Tensor, Tq: int, Tk: int, W: in
         same_q = cu_qf == list(queries.offsets)
         same_k = cu_kf == list(keys.offsets)
         frame = PackedFrame(dev(cu_qf, cu_q.dtype), dev(cu_kf, cu_k.dtype), None if same_q else dev(q_rows),
-                            None if same_k else dev(k_src), None if same_k else dev(k_dst), cu_qf[-1], cu_kf[-1])
+                            None if same_q else dev(q_from), None if same_k else dev(k_from))
     if len(_FRAMES) >= 64:
         _FRAMES.clear()
     _FRAMES[key] = frame
     return frame
 
 
+def _gather(x: Optional[torch.Tensor], rows: torch.Tensor) -> Optional[torch.Tensor]:
+    """x's rows `rows` along dim 1, the row one past its end a zero row (differentiable: one gather; its backward
+    adds each real row's gradient once, so it is exact)."""
+    if x is None:
+        return None
+    return torch.cat([x, x.new_zeros(1, 1, *x.shape[2:])], dim=1).index_select(1, rows)
+
+
 def apply_packed_frame(frame: PackedFrame, q, k, v, g):
-    """q, k, v, g laid in `frame` (`frame_packed`); differentiable (rows gathered and scattered once each)."""
-    if frame.q_rows is not None:
-        q = q.new_zeros(1, frame.TQ, *q.shape[2:]).index_copy(1, frame.q_rows, q)
-    if frame.k_src is not None:
-        k, v, g = (x.new_zeros(1, frame.TK, *x.shape[2:]).index_copy(1, frame.k_dst, x.index_select(1, frame.k_src))
-                   if x is not None else None for x in (k, v, g))
+    """q, k, v, g laid in `frame` (`frame_packed`)."""
+    if frame.q_from is not None:
+        q = _gather(q, frame.q_from)
+    if frame.k_from is not None:
+        k, v, g = (_gather(x, frame.k_from) for x in (k, v, g))
     return q, k, v, g
 
 

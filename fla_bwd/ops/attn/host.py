@@ -277,7 +277,7 @@ def _add_dkv_ds(plan: Plan, s, out: Optional[tuple], split: int, hopper: bool, *
         return
     programs = NT * s.B * s.H * split
     gated = s.g_dtype is not None
-    for unused in ("cu_seqlens", "chunk_indices", "Q0"):  # dense, every query: the kernel takes none of them
+    for unused in ("cu_seqlens", "cu_seqlens_q", "chunk_indices", "Q0"):  # dense, every query: the kernel takes none
         del args[unused]
     sink = Ref("sink_bias") if five["sink_part"] is not None else None
     args = dict(args, do=Ref("do"), dk=dk, dv=dv, lse=Ref("lse"), delta=Ref("delta"),
