@@ -576,7 +576,6 @@ def dkv_one_head(
     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, SAFE: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr,
     SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
-    KEEP_FINITE: tl.constexpr,
 ):
     """Accumulate one query head's contribution to the key tile [s0, s0 + BT); with gates, complete that head's
     gradient dgc w.r.t. the gate's cumsum for the tile's tokens.
@@ -593,10 +592,6 @@ def dkv_one_head(
     SINK_SUM (the dS-storing kernel, with a sink whose logit times log2 e is sink2): store at dgk_base the fp32 sum
     over the tile's pairs of p_sink_i * dS_ij, this head's share of the sink's gradient (`from_ds.sink_grad_kernel`).
     DK_FROM_DS: b_dk is the block of `dkv_block`'s DK_FROM_DS, not dK.
-
-    KEEP_FINITE (a FIXUP launch, `host.add_contained`): the sums above overwrite only what the FLAG launch stored
-    non-finite; its finite ones are the contained result (`any_nonfinite`), and a recomputed fp32 sum may round
-    differently on a GPU (another reduction order in the SAFE kernel's code).
 
     TAIL_Q: only positions [Q0, T) are queries (Q0 a multiple of BS; `kernels._query_tile`): each range starts at
     Q0 at the earliest, so the ranges stay consecutive BS-blocks (from max(first, Q0)) and no row before Q0 is read.
@@ -636,14 +631,7 @@ def dkv_one_head(
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, MASK=True, FULL=False, DOT_PREC=DOT_PREC, SAFE=SAFE,
             STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if USE_G and not STORE_DS:
-        m_dgk = m_s
-        if KEEP_FINITE:
-            m_dgk = m_s & (tl.load(dgk_base + o_s, mask=m_s, other=0) * 0 != 0)
-        tl.store(dgk_base + o_s, -b_dgk, mask=m_dgk)
+        tl.store(dgk_base + o_s, -b_dgk, mask=m_s)
     if SINK_SUM:
-        if KEEP_FINITE:
-            if tl.load(dgk_base) * 0 != 0:
-                tl.store(dgk_base, tl.sum(b_dgk, 0))
-        else:
-            tl.store(dgk_base, tl.sum(b_dgk, 0))
+        tl.store(dgk_base, tl.sum(b_dgk, 0))
     return b_dk, b_dv

@@ -345,7 +345,6 @@ def _dkv_heads(
     BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
     SAFE: tl.constexpr, IS_VARLEN: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
     SINK_SUM: tl.constexpr, DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
-    KEEP_FINITE: tl.constexpr,
 ):
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
     then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) of sequence i_n (`_tail_start`;
@@ -391,8 +390,7 @@ def _dkv_heads(
             b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
             delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, cap_in, WR, HQ * K, HQ * V, sink2,
             K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, SAFE=SAFE, TAIL_Q=TAIL_Q,
-            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL,
-            KEEP_FINITE=KEEP_FINITE)
+            STORE_DS=STORE_DS, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     return b_dk, b_dv
 
 
@@ -432,7 +430,7 @@ def _dkv_tile(
         ds_slot0, i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in, WR,
         HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
         SAFE=CONTAIN == FIXUP, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
-        DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL, KEEP_FINITE=CONTAIN == FIXUP)
+        DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
     if CONTAIN != FIXUP:
         bad = any_nonfinite(b_dk) | any_nonfinite(b_dv)
         if CONTAIN == INLINE:
@@ -442,8 +440,7 @@ def _dkv_tile(
                     i_head, ds_slot0, i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in,
                     WR, HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
                     DOT_PREC=DOT_PREC, SAFE=True, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS,
-                    ACC_IN=ACC_IN, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL,
-                    KEEP_FINITE=False)
+                    ACC_IN=ACC_IN, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
         else:
             tl.store(nonfinite + tl.program_id(0), bad.to(tl.int8))
     if DK_FROM_DS:
