@@ -17,7 +17,7 @@ from conftest import DEVICE
 from helpers import compare
 from test_attn_nan import _check_poisoned
 
-from fla_bwd.ops.attn import host, naive_parallel_attn, parallel_attn
+from fla_bwd.ops.attn import host, naive_parallel_attn, parallel_attn, select_backward
 from fla_bwd.ops.attn.autograd import frame_tail
 from fla_bwd.ops.forgetting_attn import parallel_forgetting_attn
 from fla_bwd.settings import dkv_path
@@ -225,6 +225,22 @@ def test_forgetting_attn_takes_short_queries():
         b = _grads(lambda kw=kw, **y: parallel_attn(**y, **kw), x, do, None, False)
         for name in a:
             assert torch.equal(a[name], b[name]), name
+
+
+def test_select_backward_says_tail_queries():
+    """The dispatch explains a short call's route (seven products: tail queries), dense and packed, and a packed call
+    whose sequences all have as many queries as keys is the ordinary packed call."""
+    q, k = torch.randn(1, 20, 4, 32, device=DEVICE), torch.randn(1, 70, 2, 32, device=DEVICE)
+    cq = torch.tensor([0, 12, 20], dtype=torch.int32, device=DEVICE)
+    ck = torch.tensor([0, 40, 70], dtype=torch.int32, device=DEVICE)
+    for route in (select_backward(q, k, k), select_backward(q, k, k, cu_seqlens=cq, cu_seqlens_k=ck)):
+        assert route.five is None and "tail queries" in route.explain(), route.explain()
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device=DEVICE)
+    route = select_backward(k.repeat(1, 1, 2, 1), k, k, cu_seqlens=cu, cu_seqlens_k=cu)
+    assert "tail queries" not in route.explain() and "packed" in route.explain(), route.explain()
+    with pytest.raises(ValueError, match="sequence 1 has 40 queries"):
+        select_backward(k[:, :50].repeat(1, 1, 2, 1), k, k, cu_seqlens=torch.tensor([0, 10, 50], dtype=torch.int32,
+                        device=DEVICE), cu_seqlens_k=ck)
 
 
 def test_short_query_errors():

@@ -59,20 +59,22 @@ def right_window(window_right: Optional[int], T: int) -> Optional[int]:
 
 
 def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, containment: str,
-              softcap: float = 0.0, window_right: Optional[int] = None, cu_seqlens_q=None) -> Call:
+              softcap: float = 0.0, window_right: Optional[int] = None, cu_seqlens_q=None,
+              on_tiles: bool = True) -> Call:
     """The `Call` of validated contiguous inputs under the containment setting `containment`; reads and checks
     `cu_seqlens`' values (`varlen_tiles`). A packed batch of N sequences of one length L > 0 is laid out exactly as
     the dense batch [N, L] (q `[1, N * L, HQ, K]`, and likewise k, v, g, o): it runs as that dense call, on every
     path the dense call has (`packed_as_dense`). A q shorter than k holds the last positions of each sequence
     (dense: Q0 = Tk - Tq, a multiple of `config.tail_alignment`, which `autograd.frame_tail` lays q and k in; packed:
     `cu_seqlens_q` gives q's own offsets, `cu_seqlens` k's, each sequence's offset such a multiple,
-    `autograd.frame_packed`)."""
+    `autograd.frame_packed`; `on_tiles` False: not checked, for `dispatch.select_backward`, which frames nothing)."""
     B, Tq, HQ, K = q.shape
     T = k.shape[1]
     Q0 = T - Tq  # before a packed batch's T becomes its sequences' length (packed calls have Tq == T)
     tiles = varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None
     if cu_seqlens_q is not None:
-        tiles = tail_tiles(tiles, _queries_of(varlen_tiles(cu_seqlens_q, Tq), tiles, max(K, v.shape[3]), q.dtype))
+        align = tail_alignment(max(K, v.shape[3]), q.dtype) if on_tiles else 1
+        tiles = tail_tiles(tiles, _queries_of(varlen_tiles(cu_seqlens_q, Tq), tiles, align))
     as_dense = tiles is not None and B == 1 and tiles.one_length > 0 and cu_seqlens_q is None
     if as_dense:
         B, T, tiles = len(tiles.lengths), tiles.one_length, None
@@ -84,10 +86,9 @@ def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int,
     return Call(key, shape, tiles, all(qkv), as_dense)
 
 
-def _queries_of(queries: VarlenTiles, keys: VarlenTiles, D: int, dtype) -> VarlenTiles:
-    """q's offsets, checked against k's: one sequence each, at most as many queries as keys, each offset on the
-    tiles (`config.tail_alignment`, which `autograd.frame_packed` lays them on)."""
-    align = tail_alignment(D, dtype)
+def _queries_of(queries: VarlenTiles, keys: VarlenTiles, align: int) -> VarlenTiles:
+    """q's offsets, checked against k's: one sequence each, at most as many queries as keys, each offset a multiple
+    of `align` (`config.tail_alignment`, the tiles, which `autograd.frame_packed` lays them on)."""
     if len(queries.lengths) != len(keys.lengths):
         raise ValueError(f"cu_seqlens (q) and cu_seqlens_k must hold one sequence each: {len(queries.lengths)} and "
                          f"{len(keys.lengths)} sequences")

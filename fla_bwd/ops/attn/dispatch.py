@@ -307,7 +307,8 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
     capped_gate = s.softcap > 0 and s.g_dtype is not None
     if k.dq_path == "auto":
         if not dense:
-            return None, "packed sequences: five products run dense calls only"
+            return None, ("packed tail queries (q shorter than k): five products run dense calls of every query only"
+                          if s.QP else "packed sequences: five products run dense calls only")
         if not runnable:
             return None, "fp32 or tail queries: five products do not run them"
         if capped_gate:
@@ -489,13 +490,19 @@ def tail_route(s, k: Knobs) -> Route:
 def select_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor] = None,
                     window_size: Optional[int] = None, cu_seqlens: Optional[torch.Tensor] = None,
                     sink_bias: Optional[torch.Tensor] = None, *, causal: bool = True,
-                    softcap: Optional[float] = None) -> Route:
+                    softcap: Optional[float] = None, cu_seqlens_k: Optional[torch.Tensor] = None) -> Route:
     """The `Route` that a backward of these inputs takes with the settings now (as an eager call: a gated forward
     stores o_lo where five products need it). `print(select_backward(q, k, v).explain())` says why."""
-    check_attn_inputs(q, k, v, g, None, window_size, cu_seqlens, sink_bias, None, {}, softcap=softcap, causal=causal)
+    check_attn_inputs(q, k, v, g, None, window_size, cu_seqlens, sink_bias, None, {}, softcap=softcap, causal=causal,
+                      cu_seqlens_k=cu_seqlens_k)
     W, WR = resolve_window(window_size, causal)
+    cu_q = None
+    if cu_seqlens_k is not None:  # packed queries shorter than keys: k's offsets key the call, q's its queries
+        if varlen_tiles(cu_seqlens, q.shape[1]).lengths != varlen_tiles(cu_seqlens_k, k.shape[1]).lengths:
+            cu_q = cu_seqlens
+        cu_seqlens = cu_seqlens_k
     c = make_call(q, k, v, g, sink_bias, cu_seqlens, resolve_scale(None, q.shape[-1]), W, containment_knob(),
-                  resolve_softcap(softcap), WR)
+                  resolve_softcap(softcap), WR, cu_q, on_tiles=False)
     now = knobs()
     return route(c, now, c.qkv_aligned, needs_o_lo(c, now))
 
@@ -503,8 +510,10 @@ def select_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Option
 def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: Optional[int] = None,
                       cu_seqlens: Optional[torch.Tensor] = None) -> DkvKernel:
     """The dK/dV kernel that a seven-product backward of these inputs uses (settings read now). A five-product
-    backward (`select_backward(...).five`: long dense calls by default) runs the KV-head-owned dS-storing kernel."""
-    B, T, HQ, K = q.shape
+    backward (`select_backward(...).five`: long dense calls by default) runs the KV-head-owned dS-storing kernel.
+    `cu_seqlens`: the keys' offsets (`parallel_attn`'s cu_seqlens_k where q is shorter)."""
+    B, _, HQ, K = q.shape
+    T = k.shape[1]  # the keys' length: q may be shorter
     W = T if window_size is None else window_size
     lengths = sequence_lengths(B, T, varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None)
     return dkv_kernel_for(B, T, HQ, k.shape[2], K, v.shape[3], q.dtype, q.device, W, lengths,
