@@ -18,8 +18,9 @@ from helpers import compare
 from test_attn_nan import _check_poisoned
 
 from fla_bwd.ops.attn import host, naive_parallel_attn, parallel_attn, select_backward
-from fla_bwd.ops.attn.autograd import frame_tail
+from fla_bwd.ops.attn.autograd import frame_packed, frame_tail
 from fla_bwd.ops.forgetting_attn import parallel_forgetting_attn
+from fla_bwd.ops.utils.index import varlen_tiles
 from fla_bwd.settings import dkv_path
 
 f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
@@ -197,6 +198,20 @@ def test_packed_short_queries_dkv_kernels():
     for path in ("legacy", "gqa-split2"):
         with dkv_path(path):
             _packed_check([21, 3], [70, 35], gate=True, window_size=40)
+
+
+def test_packed_frame_offsets_are_not_read_back(monkeypatch):
+    """The framed offsets are the package's own (`index.own_offsets`): the plans know their tiles without a
+    device-to-host read; only the user's two offsets are read."""
+    cq = torch.tensor([0, 20, 33], dtype=torch.int32, device=DEVICE)
+    ck = torch.tensor([0, 75, 108], dtype=torch.int32, device=DEVICE)
+    frame = frame_packed(cq, ck, 33, 108, 0, 32, bf16)
+    reads = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or original(t))
+    for cu, total in ((frame.cu_q, int(frame.cu_q[-1])), (frame.cu_k, int(frame.cu_k[-1]))):
+        assert varlen_tiles(cu, total).offsets == tuple(int(x) for x in cu)
+    assert reads == []
 
 
 def test_packed_short_query_errors():

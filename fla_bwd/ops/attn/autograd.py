@@ -17,8 +17,10 @@ from typing import NamedTuple, Optional
 import torch
 
 from fla_bwd.ops.attn import host
+from fla_bwd.ops.attn.call import check_tail_offsets
 from fla_bwd.ops.attn.config import tail_alignment
-from fla_bwd.ops.utils.index import varlen_tiles
+from fla_bwd.ops.utils.index import own_offsets, varlen_tiles
+from fla_bwd.utils import cdiv
 
 _NOT_TWICE = ("parallel_attn does not support double backward (a gradient of its gradient); "
               "its backward is not differentiable")
@@ -49,7 +51,7 @@ def frame_tail(Tq: int, Tk: int, W: int, D: int, dtype: torch.dtype) -> TailFram
         return TailFrame()
     if W == 0 or W > Q0:
         return TailFrame(pad=Q0 % align)
-    return TailFrame(start=Q0 - -(-(W - 1) // align) * align)
+    return TailFrame(start=Q0 - cdiv(W - 1, align) * align)
 
 
 def _keys_from(x: Optional[torch.Tensor], start: int) -> Optional[torch.Tensor]:
@@ -95,13 +97,7 @@ def frame_packed(cu_q: torch.Tensor, cu_k: torch.Tensor, Tq: int, Tk: int, W: in
     key = (queries.offsets, keys.offsets, W, D, dtype, cu_q.device)
     if key in _FRAMES:
         return _FRAMES[key]
-    if len(queries.lengths) != len(keys.lengths):
-        raise ValueError(f"cu_seqlens and cu_seqlens_k must hold one sequence each of q and k: {len(queries.lengths)} "
-                         f"and {len(keys.lengths)} sequences")
-    for n, (a, b) in enumerate(zip(queries.lengths, keys.lengths)):
-        if a > b:
-            raise ValueError(f"sequence {n} has {a} queries (cu_seqlens) and {b} keys (cu_seqlens_k): at most as "
-                             f"many queries as keys (they are the sequence's last positions)")
+    check_tail_offsets(queries, keys)
     frame = None
     if queries.lengths != keys.lengths:
         cu_qf, cu_kf, q_rows, q_from, k_from = [0], [0], [], [], []
@@ -119,8 +115,9 @@ def frame_packed(cu_q: torch.Tensor, cu_k: torch.Tensor, Tq: int, Tk: int, W: in
 
         same_q = cu_qf == list(queries.offsets)
         same_k = cu_kf == list(keys.offsets)
-        frame = PackedFrame(dev(cu_qf, cu_q.dtype), dev(cu_kf, cu_k.dtype), None if same_q else dev(q_rows),
-                            None if same_q else dev(q_from), None if same_k else dev(k_from))
+        frame = PackedFrame(own_offsets(dev(cu_qf, cu_q.dtype), cu_qf), own_offsets(dev(cu_kf, cu_k.dtype), cu_kf),
+                            None if same_q else dev(q_rows), None if same_q else dev(q_from),
+                            None if same_k else dev(k_from))
     if len(_FRAMES) >= 64:
         _FRAMES.clear()
     _FRAMES[key] = frame

@@ -74,7 +74,7 @@ def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int,
     tiles = varlen_tiles(cu_seqlens, T) if cu_seqlens is not None else None
     if cu_seqlens_q is not None:
         align = tail_alignment(max(K, v.shape[3]), q.dtype) if on_tiles else 1
-        tiles = tail_tiles(tiles, _queries_of(varlen_tiles(cu_seqlens_q, Tq), tiles, align))
+        tiles = tail_tiles(tiles, check_tail_offsets(varlen_tiles(cu_seqlens_q, Tq), tiles, align))
     as_dense = tiles is not None and B == 1 and tiles.one_length > 0 and cu_seqlens_q is None
     if as_dense:
         B, T, tiles = len(tiles.lengths), tiles.one_length, None
@@ -86,14 +86,16 @@ def make_call(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int,
     return Call(key, shape, tiles, all(qkv), as_dense)
 
 
-def _queries_of(queries: VarlenTiles, keys: VarlenTiles, align: int) -> VarlenTiles:
-    """q's offsets, checked against k's: one sequence each, at most as many queries as keys, each offset a multiple
-    of `align` (`config.tail_alignment`, the tiles, which `autograd.frame_packed` lays them on)."""
+def check_tail_offsets(queries: VarlenTiles, keys: VarlenTiles, align: int = 1) -> VarlenTiles:
+    """q's offsets (`cu_seqlens`), checked against k's (`cu_seqlens_k`): one sequence each, at most as many queries as
+    keys, each offset a multiple of `align` (`config.tail_alignment` once `autograd.frame_packed` has laid them on
+    the tiles). Returns `queries`."""
     if len(queries.lengths) != len(keys.lengths):
-        raise ValueError(f"cu_seqlens (q) and cu_seqlens_k must hold one sequence each: {len(queries.lengths)} and "
-                         f"{len(keys.lengths)} sequences")
+        raise ValueError(f"cu_seqlens and cu_seqlens_k must hold one sequence each of q and k: {len(queries.lengths)} "
+                         f"and {len(keys.lengths)} sequences")
     for n, (a, b) in enumerate(zip(queries.lengths, keys.lengths)):
         if a > b or (b - a) % align:
-            raise ValueError(f"packed tail queries: sequence {n} has {a} queries and {b} keys (at most as many, "
-                             f"the offset a multiple of {align})")
+            raise ValueError(f"sequence {n} has {a} queries (cu_seqlens) and {b} keys (cu_seqlens_k): at most as "
+                             f"many queries as keys (they are the sequence's last positions)"
+                             + (f", the offset a multiple of {align}" if align > 1 else ""))
     return queries

@@ -18,6 +18,7 @@ import functools
 from typing import Dict, Optional, Tuple
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fla_bwd.utils import cdiv
 
@@ -89,9 +90,22 @@ def check_offsets(offsets: Tuple[int, ...], T: int, name: str = "cu_seqlens") ->
         raise ValueError(f"{name} must end at the packed length T = {T}, got {offsets[-1]}")
 
 
+_OWN = WeakIdKeyDictionary()  # by identity: the tensors are the package's own, see `own_offsets`
+
+
+def own_offsets(cu_seqlens: torch.Tensor, offsets: list) -> torch.Tensor:
+    """Register `cu_seqlens`, an offsets tensor the package made from `offsets` and never hands out or changes
+    (`autograd.frame_packed`'s): `varlen_tiles` then knows its tiles without reading it back. Returns it."""
+    _OWN[cu_seqlens] = VarlenTiles(tuple(offsets), cu_seqlens.device)
+    return cu_seqlens
+
+
 def varlen_tiles(cu_seqlens: torch.Tensor, T: int, name: str = "cu_seqlens") -> VarlenTiles:
     """The tiles of `cu_seqlens`' current values, after checking them (ValueError, naming the argument `name`)
     against the packed length T."""
+    own = _OWN.get(cu_seqlens)
+    if own is not None:  # the package's own offsets (`own_offsets`): known, not read (a device-to-host copy)
+        return own
     if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
         return _under_capture(cu_seqlens)
     key = (tuple(cu_seqlens.tolist()), cu_seqlens.device)
