@@ -9,6 +9,7 @@
 | FLA_BWD_DQ_PATH | `DQ_PATHS` | at each backward (`forced_dq_path`); `dq_path(...)` overrides it for a block |
 | FLA_BWD_DS_BUDGET_MIB | a number >= 0 | at each backward (`ds_budget_bytes`): the five-product backward's scratch |
 | FLA_BWD_DS_KERNEL | `DS_KERNELS` | at each backward (`forced_ds_kernel`); `ds_kernel(...)` overrides it for a block |
+| FLA_BWD_FWD_KERNEL | `FWD_KERNELS` | at each forward (`forced_fwd_kernel`); `fwd_kernel(...)` overrides it: a block |
 
 The per-backward ones are read per call so that tests and A/B runs can set them between calls. Values are the strings
 users type; the code that acts on them turns them into data at once (`dispatch.Knobs`, `dispatch.Route`).
@@ -30,6 +31,9 @@ DEFAULT_DS_BUDGET_MIB = 1024
 # The five-product backward's dK/dV + dS kernel: "triton" (`kernels.parallel_attn_bwd_kernel_dkv_per_kv_head`) or
 # "hopper" (the warp-specialized Gluon kernel for sm_90, `fla_bwd.ops.attn.gluon_dkv`); "auto": hopper where it runs.
 DS_KERNELS = ("auto", "triton", "hopper")
+# The forward's kernel: "triton" (`kernels.parallel_attn_fwd_kernel`) or "hopper" (the warp-specialized Gluon kernel
+# for sm_90, `fla_bwd.ops.attn.gluon_fwd`); "auto": hopper where it runs.
+FWD_KERNELS = ("auto", "triton", "hopper")
 
 _fast_launch = os.environ.get("FLA_BWD_FAST_LAUNCH", "1") != "0"
 
@@ -81,6 +85,7 @@ class _PathSetting:
 _DKV = _PathSetting("dkv_path", "FLA_BWD_DKV_PATH", DKV_PATHS)
 _DQ = _PathSetting("dq_path", "FLA_BWD_DQ_PATH", DQ_PATHS)
 _DS_KERNEL = _PathSetting("ds_kernel", "FLA_BWD_DS_KERNEL", DS_KERNELS)
+_FWD_KERNEL = _PathSetting("fwd_kernel", "FLA_BWD_FWD_KERNEL", FWD_KERNELS)
 
 
 def dkv_path(name: str):
@@ -115,6 +120,18 @@ def ds_kernel(name: str):
 def forced_ds_kernel() -> str:
     """The five-product dK/dV kernel forced by `ds_kernel(...)` or FLA_BWD_DS_KERNEL, "auto" if none."""
     return _DS_KERNEL.read()
+
+
+def fwd_kernel(name: str):
+    """Force the forward's kernel inside a `with` block: one of `FWD_KERNELS` ("auto": the Hopper kernel wherever it
+    can run, see `fla_bwd.ops.attn.dispatch.hopper_fwd_why_not`). Overrides FLA_BWD_FWD_KERNEL. A forced "hopper"
+    that cannot run a forward raises ValueError. Read at forward time."""
+    return _FWD_KERNEL.block(name)
+
+
+def forced_fwd_kernel() -> str:
+    """The forward's kernel forced by `fwd_kernel(...)` or FLA_BWD_FWD_KERNEL, "auto" if none."""
+    return _FWD_KERNEL.read()
 
 
 def ds_budget_bytes() -> int:

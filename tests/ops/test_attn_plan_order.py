@@ -61,7 +61,7 @@ def test_seven_product_and_forward_plans(name, containment, monkeypatch):
     route = dispatch.route(call, dispatch.knobs(), True, False)
     assert route.five is None
     _check_order(host._build_backward(call.shape, call.tiles, route), BACKWARD_INPUTS)
-    _check_order(host._build_forward(call.shape, call.tiles, False), FORWARD_INPUTS)
+    _check_order(host._build_forward(call, False, False, "auto"), FORWARD_INPUTS)
 
 
 FIVE = {  # (split, chunk, hopper): G = 4

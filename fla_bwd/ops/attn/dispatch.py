@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from fla_bwd import settings
-from fla_bwd.ops.attn import config, gluon_dkv
+from fla_bwd.ops.attn import config, gluon_dkv, gluon_fwd
 from fla_bwd.ops.attn.call import make_call
 from fla_bwd.ops.attn.from_ds import band_bytes, ds_layout
 from fla_bwd.ops.utils.checks import check_attn_inputs, resolve_scale, resolve_softcap, resolve_window
@@ -75,6 +75,60 @@ def _containment(s, forced: str) -> tuple:
     if inline:
         return "inline", f"{work} is below {config.INLINE_CONTAINMENT_WORK:.3g}: a second launch costs more host time"
     return "two-launch", f"{work}: inline containment would slow the plain loops more than a launch costs"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The forward's kernel
+# ----------------------------------------------------------------------------------------------------------------
+
+def forward_knob() -> str:
+    """FLA_BWD_FWD_KERNEL now (`settings.fwd_kernel`): the forward's kernel, "auto" or forced."""
+    return settings.forced_fwd_kernel()
+
+
+def hopper_fwd_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
+    """None if the Hopper forward (`gluon_fwd`) can run a dense forward of Shape s whose q, k and v start 16-byte
+    aligned or not (`aligned`), else why not."""
+    D, BM = gluon_fwd.D, gluon_fwd.BM
+    if is_interpreter() or device.type != "cuda":
+        return "it runs on CUDA GPUs only (no CPU interpreter for Gluon)"
+    if config.capability(device) != (9, 0):
+        return "it needs an sm_90 (Hopper) GPU"
+    if s.dtype not in (torch.float16, torch.bfloat16):
+        return "it needs 16-bit q, k, v"
+    if not (s.K == s.V == D):
+        return f"it needs head dims K = V = {D}"
+    if s.Q0:
+        return "it needs q as long as k (no tail queries)"
+    if s.softcap:
+        return "it has no softcap"
+    if s.WR is not None and min(s.W, s.WR) < s.T:
+        return "it runs non-causal attention without a window only"
+    if s.T % BM:
+        return f"it needs T to be a multiple of {BM}"
+    if s.B * s.T >= 2**31:
+        return "B * T must stay under 2**31 (TMA coordinates)"
+    if not aligned:
+        return "q, k and v must start at 16-byte aligned addresses (TMA)"
+    return None
+
+
+def forward_kernel(s, dense: bool, aligned: bool, forced: str, inline: bool) -> tuple:
+    """(whether the Hopper kernel runs the forward of a call of Shape s, why): "auto" wherever it can
+    (`hopper_fwd_why_not`; dense calls, two-launch containment: it is the FLAG launch), "hopper" there and ValueError
+    elsewhere, "triton" never. `forced`: `forward_knob()`; `inline`: the call contains NaN/Inf inline."""
+    if forced == "triton":
+        return False, "forced (FLA_BWD_FWD_KERNEL=triton)"
+    why = hopper_fwd_why_not(s, s.device, aligned) if dense else "it runs dense calls only (no cu_seqlens)"
+    if why is None and inline:
+        why = "it is the first of two containment launches, and this call contains NaN/Inf inline"
+    if forced == "hopper":
+        if why is not None:
+            raise ValueError(f"forward kernel 'hopper' (FLA_BWD_FWD_KERNEL) cannot run this forward: {why}")
+        return True, "forced (FLA_BWD_FWD_KERNEL=hopper)"
+    if why is not None:
+        return False, f"triton: the Hopper kernel cannot run it ({why})"
+    return True, "hopper: the warp-specialized Gluon kernel runs this call"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
 import functools
 import heapq
 import math
-from typing import Optional
 
 import torch
 from triton.experimental import gluon
@@ -37,8 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fla_bwd.ops.attn import config
-from fla_bwd.ops.utils.launch import Launch, Ref, bind, descriptor_launcher, jit_function
-from fla_bwd.ops.utils.triton_private import launch_head, rebased_descriptor
+from fla_bwd.ops.utils.descriptor_launch import DescriptorLaunch
 
 # Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; later releases (3.9 on CI) async_load / async_store.
 _tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
@@ -311,16 +309,9 @@ def programs_for(B: int, T: int, H: int, split: int, sms: int) -> int:
     return max(1, min(sms, B * H * split * (T // BT)))
 
 
-class HopperDkvLaunch:
-    """Plan step (`launch.Plan.add`): one launch of `parallel_attn_bwd_kernel_dkv_ds_hopper` through the package's
-    `launch.Launch` (its direct C-launcher path after the first call: Gluon's `kernel[grid]` binding took 519 us of
-    host time a launch on the H200's host). The TMA descriptors are made once a call for every Hopper
-    launch of it (each chunk's reads the same q, k, v, dO, lse, delta, dS): validated on the first call, then the
-    first call's fields over each later call's tensors (`triton_private.rebased_descriptor`). Where Triton's launcher
-    is 3.6's
-    (`launch.descriptor_launcher`), later calls skip both: each descriptor's expansion for the C launcher (its
-    `cuTensorMapEncodeTiled`) is kept by the input's address, which is all that differs between calls of a plan,
-    and made again only for an address not seen before."""
+class HopperDkvLaunch(DescriptorLaunch):
+    """Plan step (`launch.Plan.add`): one launch of `parallel_attn_bwd_kernel_dkv_ds_hopper`
+    (`descriptor_launch.DescriptorLaunch`: every chunk's launch of a call shares the call's descriptors)."""
 
     def __init__(self, s, split: int, chunk: int, G0: int, ntile: int, args: dict):
         programs = programs_for(s.B, s.T, s.H, split, config.sm_count(s.device))
@@ -334,88 +325,14 @@ class HopperDkvLaunch:
                  ("lse", (-1,), [BQ], ROW_SMEM), ("delta", (-1,), [BQ], ROW_SMEM), ("ds", (-1, BQ), [BQ, BQ], DS_TILE))
         if gated:
             table += (("gc", (-1,), [BQ], ROW_SMEM),)
-        # (descriptor's env name, input's env name, view, block, layout): `_descriptors`, per call
-        self.views = tuple((_DESC + name, args[name].name, view, block, layout.value)
-                           for name, view, block, layout in table)
-        self.launch = Launch(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
-            **{f"{name}_desc": Ref(_DESC + name) for name, *_ in table}, gc=args["gc"],
-            sink_bias=args.get("sink_bias"), sink_part=args.get("sink_part"), dk=args["dk"], dv=args["dv"],
-            dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
+        super().__init__(parallel_attn_bwd_kernel_dkv_ds_hopper, (programs,), dict(
+            gc=args["gc"], sink_bias=args.get("sink_bias"), sink_part=args.get("sink_part"), dk=args["dk"],
+            dv=args["dv"], dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
             nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
             qk_scale=s.scale * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale, ACC_IN=int(acc_in), H=s.H,
             G=s.HQ // s.H, SPLIT=split, CHUNK=chunk, **({} if gated else {"gc_desc": None}),
-            num_warps=NUM_WARPS))
-        self.uses = self.launch.uses | {name for _, name, *_ in self.views}  # `launch.Plan.allocate_late`
-        self.templates = None  # the first call's descriptors without their tensors (`_descriptors`)
-        self.memo = None  # after the first launch: `_memoized`'s tuple, or False where Triton does not allow it
-
-    def _descriptors(self, env: dict) -> None:
-        if self.templates is None:  # first call: Gluon's validating constructor (TMA alignment, strides, block)
-            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-            made = [(desc, name, TensorDescriptor.from_tensor(env[name].view(view), block, layout))
-                    for desc, name, view, block, layout in self.views]
-            # The templates hold no tensor.
-            self.templates = tuple((desc, name, rebased_descriptor(d, None)) for desc, name, d in made)
-            env.update((desc, d) for desc, _, d in made)
-            return
-        for desc, name, template in self.templates:  # the plan's key fixes all but the base
-            env[desc] = rebased_descriptor(template, env[name])
-
-    def __call__(self, env: dict, device: torch.device, stream: Optional[int]) -> None:
-        memo = self.memo
-        if memo and stream is not None:
-            self._launch_memoized(memo, env, stream)
-            return
-        if _DESC + "q" not in env:
-            self._descriptors(env)
-        self.launch(env, device, stream)
-        if memo is None and self.launch.direct is not None:
-            self.memo = self._memoized(env) or False
-
-    def _memoized(self, env: dict) -> Optional[tuple]:
-        """(C launcher, descriptor expansion, grid, the launcher's arguments between stream and parameters, the
-        parameters' template, tensor slots, other slots, and per descriptor its position, input name, template,
-        metadata and expansions by address), or None where `descriptor_launcher` finds no 3.6 launcher. `env`: the
-        call just launched, whose descriptors are the templates (this step's own, or those an earlier chunk's step
-        of the call made: then this step made none, `__call__`)."""
-        run, function, packed, template, pointers, others = self.launch.direct
-        found = descriptor_launcher(run)
-        if found is None:
-            return None
-        names = jit_function(self.launch.kernel).arg_names
-        inputs = {desc: (name, rebased_descriptor(env[desc], None)) for desc, name, *_ in self.views}
-        descs = []
-        for meta, i in zip(found.metas, sorted(found.positions)):
-            ref = self.launch.args.get(names[i])
-            if not isinstance(ref, Ref) or ref.name not in inputs:
-                return None
-            descs.append((i, *inputs[ref.name], meta, {}))
-        others = tuple((i, name) for i, name in others if i not in found.positions)
-        head = launch_head(found, function, packed)
-        return found.launch, found.expand, self.launch.grid, head, template, pointers, others, tuple(descs)
-
-    def _launch_memoized(self, memo: tuple, env: dict, stream: int) -> None:
-        """One launch as Triton 3.6's wrapper makes it (`descriptor_launcher`), each descriptor's expansion looked
-        up by its input's address (kept for the last `_SEEN_ADDRESSES` addresses a descriptor)."""
-        launch, expand, grid, head, template, pointers, others, descs = memo
-        values = bind(template, pointers, others, env)
-        args = [*grid, stream, *head]
-        start = 0
-        for i, name, template_desc, meta, seen in descs:
-            args += values[start:i]
-            start = i + 1
-            x = env[name]
-            address = x.data_ptr()
-            expanded = seen.get(address)
-            if expanded is None:
-                if len(seen) >= _SEEN_ADDRESSES:
-                    seen.clear()
-                expanded = seen[address] = expand(rebased_descriptor(template_desc, x), meta)
-            args += expanded
-        args += values[start:]
-        launch(*args)
+            num_warps=NUM_WARPS), tuple((name, args[name].name, view, block, layout.value)
+                                        for name, view, block, layout in table), _DESC)
 
 
 _DESC = "_hopper_desc_"  # env names of the call's TMA descriptors
-_SEEN_ADDRESSES = 64  # a training loop's allocator hands a plan's buffers a few addresses in turn

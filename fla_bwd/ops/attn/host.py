@@ -38,6 +38,7 @@ from fla_bwd.ops.attn.from_ds import (
     sink_grad_kernel,
 )
 from fla_bwd.ops.attn.gluon_dkv import HopperDkvLaunch
+from fla_bwd.ops.attn.gluon_fwd import HopperFwdLaunch
 from fla_bwd.ops.attn.inner import DS_BY_DESCRIPTOR, FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.kernels import (
     ds_store_mode,
@@ -183,7 +184,7 @@ def _common(plan: Plan, s, tiles, kernel: str):
 # ----------------------------------------------------------------------------------------------------------------
 
 def add_fwd(plan: Plan, s, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_o: bool = False,
-            lse_out: bool = False) -> None:
+            lse_out: bool = False, hopper: bool = False) -> None:
     """o `[B, T - Q0, HQ, V]` (q's dtype) and the base-2 log-sum-exp lse `[HQ, B * T]` (fp32; with tail queries
     only the query positions are written); with `exact_o`, also "o_lo" (o's shape, int8): o's rounding, for a gated
     five-product backward (`dispatch.needs_o_lo`, `inner.o_lo_encode`); with `lse_out`, also "lse_out" `[B, T, HQ]`
@@ -193,9 +194,16 @@ def add_fwd(plan: Plan, s, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_
     lse = plan.empty("lse", (s.HQ, s.B * s.T), _F32)
     lse_user = plan.empty("lse_out", (s.B, s.T - s.Q0, s.HQ), _F32) if lse_out else None
     _, NT, args = _common(plan, s, tiles, "fwd")
-    if NT > 0:
-        add_contained(plan, parallel_attn_fwd_kernel, NT * s.B * s.HQ,
-                      dict(args, o=o, o_lo=o_lo, lse=lse, lse_out=lse_user, g_cumsum=gc, sink_bias=sink))
+    if NT == 0:
+        return
+    args = dict(args, o=o, o_lo=o_lo, lse=lse, lse_out=lse_user, g_cumsum=gc, sink_bias=sink)
+    if not hopper:
+        add_contained(plan, parallel_attn_fwd_kernel, NT * s.B * s.HQ, args)
+        return
+    # The Gluon kernel (`gluon_fwd`) is the FLAG launch of two-launch containment, over the Triton forward's tiles.
+    plan.flags = max(plan.flags, NT * s.B * s.HQ)
+    plan.add(HopperFwdLaunch(s, dict(args, nonfinite=Ref("flags"))))
+    plan.launch(parallel_attn_fwd_kernel, (NT * s.B * s.HQ,), nonfinite=Ref("flags"), CONTAIN=FIXUP.value, **args)
 
 
 def add_dq(plan: Plan, s, tiles, gc: Optional[Ref], dgc_q: Optional[Ref], delta_mode: str,
@@ -419,30 +427,35 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None) -> None:
 # A whole forward, a whole backward
 # ----------------------------------------------------------------------------------------------------------------
 
-def _build_forward(s: Shape, tiles: Optional[VarlenTiles], exact_o: bool, lse_out: bool = False) -> Plan:
+def _build_forward(call: Call, exact_o: bool, lse_out: bool, forced: str) -> Plan:
+    """The forward's plan of `call`: o_lo where `exact_o`, the user's lse where `lse_out`; the kernel by
+    `dispatch.forward_kernel` under the forward's setting `forced`."""
+    s, tiles = call.shape, call.tiles
     plan = new_plan(s, dispatch.contain_inline(s, s.containment))
     cu = Ref("cu_seqlens") if tiles is not None else None
     gc = None
     if s.g_dtype is not None:
         gc = add_gate_cumsum(plan, Ref("g"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, (s.HQ, 1))
-    add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None, exact_o, lse_out)
+    hopper, _ = dispatch.forward_kernel(s, tiles is None, call.qkv_aligned, forced, plan.inline)
+    add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None, exact_o, lse_out, hopper)
     return finish(plan)
 
 
-def _build_exact_o_forward(call: Call, k: dispatch.Knobs, lse_out: bool) -> Plan:
+def _build_exact_o_forward(call: Call, k: dispatch.Knobs, lse_out: bool, forced: str) -> Plan:
     """The forward's plan of a call that may need o_lo (`dispatch.needs_exact_o`), with o_lo where its backward under
     settings `k` takes five products."""
-    return _build_forward(call.shape, call.tiles, dispatch.needs_o_lo(call, k), lse_out)
+    return _build_forward(call, dispatch.needs_o_lo(call, k), lse_out, forced)
 
 
 def _forward_plan(call: Call, may_need_o_lo: bool, lse_out: bool = False) -> Plan:
     """The forward's plan; `may_need_o_lo`: a call with a gate (or a sink on short rows) whose backward may follow,
     which makes o_lo where that backward would take five products (`dispatch.needs_o_lo`), so its key holds the
-    settings. `lse_out`: it also makes the user's lse (`return_lse`)."""
+    settings. `lse_out`: it also makes the user's lse (`return_lse`). The key holds the forward's kernel setting."""
+    forced = dispatch.forward_knob()
     if not may_need_o_lo:
-        return _plan((call.key, False, lse_out), _build_forward, call.shape, call.tiles, False, lse_out)
+        return _plan((call.key, False, lse_out, forced), _build_forward, call, False, lse_out, forced)
     k = dispatch.knobs()
-    return _plan(("fwd", call.key, k, lse_out), _build_exact_o_forward, call, k, lse_out)
+    return _plan(("fwd", call.key, k, lse_out, forced), _build_exact_o_forward, call, k, lse_out, forced)
 
 
 def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, for_backward: bool = False,
