@@ -42,6 +42,7 @@ BH = 64  # queries of one consumer warpgroup
 BN = 128  # keys a stage
 D = 128
 STAGES = 2  # K/V stages: 2 x 64 KB beside q's 32 KB
+PINGPONG = True  # the consumer warpgroups issue their products in turn (`_my_turn`)
 NUM_WARPS = 4  # the default partition, the producer; each consumer warpgroup is a worker partition of 4 warps
 CONSUMER_REGS = gl.constexpr(240)
 MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]))
@@ -235,7 +236,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc,
 @gluon.jit(do_not_specialize=["B", "T", "W"])
 def parallel_attn_fwd_kernel_hopper(
     q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, qk_scale,
-    HQ: gl.constexpr, G: gl.constexpr, PINGPONG: gl.constexpr = True,
+    HQ: gl.constexpr, G: gl.constexpr, PINGPONG: gl.constexpr,
 ):
     """o (`[B, T, HQ, D]`, through o_desc) and lse `[HQ, B * T]` (base 2, the sink included) of one 128-query tile
     of one query head, and the FLAG launch's flag of the program; q, k, v through their TMA descriptors (`[B * T,
@@ -291,4 +292,5 @@ class HopperFwdLaunch(DescriptorLaunch):
         super().__init__(parallel_attn_fwd_kernel_hopper, (s.T // BM * s.B * s.HQ,), dict(
             o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
             gc=args["g_cumsum"], sink_bias=args["sink_bias"], B=s.B, T=s.T, W=s.W if s.WR is None else None,
-            qk_scale=s.scale * LOG2E, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS), table, "_hopper_fwd_desc_")
+            qk_scale=s.scale * LOG2E, HQ=s.HQ, G=s.HQ // s.H, PINGPONG=PINGPONG,
+            num_warps=NUM_WARPS), table, "_hopper_fwd_desc_")

@@ -436,8 +436,9 @@ def _build_forward(call: Call, exact_o: bool, lse_out: bool, forced: str) -> Pla
     gc = None
     if s.g_dtype is not None:
         gc = add_gate_cumsum(plan, Ref("g"), cu, _sequences(s, tiles), s.B, s.T, s.HQ, (s.HQ, 1))
-    hopper, _ = dispatch.forward_kernel(s, tiles is None, call.qkv_aligned, forced, plan.inline)
-    add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None, exact_o, lse_out, hopper)
+    plan.forward = dispatch.forward_kernel(s, tiles is None, call.qkv_aligned, forced, plan.inline)  # (hopper, why)
+    add_fwd(plan, s, tiles, gc, Ref("sink_bias") if s.sink_dtype is not None else None, exact_o, lse_out,
+            plan.forward[0])
     return finish(plan)
 
 

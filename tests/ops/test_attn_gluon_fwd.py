@@ -1,0 +1,244 @@
+# Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
+"""The Hopper forward (`fla_bwd.ops.attn.gluon_fwd`, Gluon, sm_90 only).
+
+On every machine: its dispatch (`dispatch.forward_kernel`, the kernel's scope faked on), that a forced "hopper" raises
+where it cannot run, and its plan step (every kernel parameter passed, the inputs described as the kernel reads
+them). On an sm_90 GPU: o and every gradient (the backward runs on its lse) against the fp32 oracle with poisoned
+buffers, causal with and without windows, non-causal, gated, with sinks, with the user's lse, GQA and MHA, fp16 and
+bf16; bitwise repeatable; NaN/Inf containment through its flags and the Triton FIXUP launch; a whole-step CUDA graph.
+Gluon has no CPU interpreter; tests/ops/test_kernel_resources.py compiles it for sm_90 on the CPU.
+"""
+
+import math
+
+import pytest
+import test_attn_lse
+import test_attn_nan
+import torch
+from conftest import DEVICE
+from helpers import Case, check_against_oracle, make_inputs, run_parallel
+from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
+from test_attn_noncausal import _oracle as _noncausal_oracle
+from test_attn_noncausal import _ours as _noncausal_ours
+
+import fla_bwd.ops.attn.dispatch as dispatch
+import fla_bwd.ops.attn.gluon_fwd as gluon_fwd
+import fla_bwd.ops.attn.host as host
+from fla_bwd.ops.attn import config
+from fla_bwd.ops.attn.call import Shape
+from fla_bwd.settings import fwd_kernel
+
+bf16, f16 = torch.bfloat16, torch.float16
+HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on sm_90 GPUs only (no CPU interpreter)")
+
+
+def _shape(device=None, **kw) -> Shape:
+    d = dict(device=device or torch.device(DEVICE), B=2, T=1024, HQ=8, H=2, K=128, V=128, dtype=bf16, g_dtype=None,
+             sink_dtype=None, scale=128 ** -0.5, W=1024, containment="auto")
+    d.update(kw)
+    return Shape(**d)
+
+
+class FwdSpy:
+    """Records whether each forward ran the Hopper kernel (the plan's `forward`, `host._forward_plan`)."""
+
+    def __init__(self, monkeypatch):
+        self.hopper = []
+        original = host._forward_plan
+
+        def spy(*args, **kwargs):
+            plan = original(*args, **kwargs)
+            self.hopper.append(plan.forward[0])
+            return plan
+
+        monkeypatch.setattr(host, "_forward_plan", spy)
+
+
+def test_tiles_match_the_triton_forward():
+    """The flags of the FLAG launch index the Triton forward's programs: both take 128 queries a program."""
+    assert config.TILE_CONFIGS[(True, False)]["fwd"]["BT"] == gluon_fwd.BM  # 16-bit, head dims up to 128
+
+
+def test_out_of_scope_calls_say_why():
+    assert "CUDA" in dispatch.hopper_fwd_why_not(_shape(), torch.device("cpu"), True)
+    if HOPPER:
+        cuda = torch.device("cuda")
+        assert dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, True) is None
+        assert dispatch.hopper_fwd_why_not(_shape(device=cuda, W=300), cuda, True) is None  # windows run
+        assert dispatch.hopper_fwd_why_not(_shape(device=cuda, WR=1024), cuda, True) is None  # non-causal runs
+        for kw, why in [(dict(K=64, V=64), "K = V = 128"), (dict(dtype=torch.float32), "16-bit"),
+                        (dict(T=1000, W=1000), "multiple of 128"), (dict(Q0=128), "tail queries"),
+                        (dict(softcap=30.0), "softcap"), (dict(WR=5), "without a window"),
+                        (dict(WR=1024, W=64), "without a window")]:
+            assert why in dispatch.hopper_fwd_why_not(_shape(device=cuda, **kw), cuda, True), kw
+        assert "16-byte aligned" in dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, False)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(W=256), dict(WR=1024), dict(g_dtype=torch.float32),
+                                dict(sink_dtype=torch.float32)], ids=["causal", "window", "noncausal", "gate", "sink"])
+def test_dispatch(kw, monkeypatch):
+    """Where the kernel can run (faked on here): "auto" and "hopper" take it, "triton" never; packed calls, inline
+    containment (it is a FLAG launch) and inputs TMA cannot read keep Triton under "auto" and make a forced
+    "hopper" raise."""
+    monkeypatch.setattr(dispatch, "hopper_fwd_why_not", lambda s, device, aligned: None if aligned else "unaligned")
+    s = _shape(**kw)
+    assert dispatch.forward_kernel(s, True, True, "auto", False)[0]
+    assert dispatch.forward_kernel(s, True, True, "hopper", False)[0]
+    assert not dispatch.forward_kernel(s, True, True, "triton", False)[0]
+    for dense, aligned, inline, match in [(False, True, False, "dense calls only"),
+                                          (True, True, True, "contains NaN/Inf inline"),
+                                          (True, False, False, "unaligned")]:
+        hopper, why = dispatch.forward_kernel(s, dense, aligned, "auto", inline)
+        assert not hopper and match in why
+        with pytest.raises(ValueError, match=f"forward kernel 'hopper'.*{match}"):
+            dispatch.forward_kernel(s, dense, aligned, "hopper", inline)
+
+
+def test_forced_hopper_raises_where_it_cannot_run():
+    case = Case(B=1, T=100, HQ=4, H=2, K=128, dtype=bf16)  # T not a multiple of 128 (and, on the CPU, no GPU)
+    x = make_inputs(case)
+    with fwd_kernel("hopper"), pytest.raises(ValueError, match="forward kernel 'hopper'"):
+        run_parallel(case, x)
+    with pytest.raises(ValueError, match="fwd_kernel must be one of"):
+        with fwd_kernel("gluon"):
+            pass
+
+
+def _step(gated: bool, sink: bool, o_lo: bool, lse_out: bool, **kw):
+    from fla_bwd.ops.utils.launch import Ref
+
+    s = _shape(device=torch.device("cpu"), **kw)
+    args = dict(o=Ref("o"), o_lo=Ref("o_lo") if o_lo else None, lse=Ref("lse"),
+                lse_out=Ref("lse_out") if lse_out else None, nonfinite=Ref("flags"),
+                g_cumsum=Ref("gc") if gated else None, sink_bias=Ref("sink_bias") if sink else None)
+    return s, gluon_fwd.HopperFwdLaunch(s, args)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["plain", "every-option"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_plan_step_passes_every_kernel_parameter(full, causal):
+    """The plan step launches through `launch.Launch`, whose direct path after the first launch passes its arguments
+    in the kernel's parameter order: every parameter must be among them (one left out would be passed as None)."""
+    from fla_bwd.ops.utils.launch import Launch, Ref, jit_function
+
+    s, step = _step(full, full, full, full, **({} if causal else dict(WR=1024)))
+    assert isinstance(step.launch, Launch)
+    params = jit_function(gluon_fwd.parallel_attn_fwd_kernel_hopper).arg_names
+    assert set(step.launch.args) == set(params) | {"num_warps"}
+    assert step.launch.grid[0] == s.T // 128 * s.B * s.HQ
+    assert step.launch.args["W"] == (s.W if causal else None)  # None: every key
+    expected = dict(gc=Ref("gc"), sink_bias=Ref("sink_bias"), o_lo=Ref("o_lo"), lse_out=Ref("lse_out"))
+    assert {n: step.launch.args[n] for n in expected} == (expected if full else dict.fromkeys(expected))
+
+
+def test_plan_step_describes_the_inputs():
+    """The step's TMA descriptors (made on the CPU here): q, k, v and o viewed as `[B * T, heads * D]`, with the
+    kernel's block shapes and shared-memory layouts, the templates holding no tensor."""
+    B, T, HQ, H, D = 1, 256, 4, 2, 128
+    _, step = _step(False, False, False, False, B=B, T=T, W=T, HQ=HQ, H=H)
+    env = dict(q=torch.zeros(B, T, HQ, D, dtype=bf16), o=torch.zeros(B, T, HQ, D, dtype=bf16),
+               k=torch.zeros(B, T, H, D, dtype=bf16), v=torch.zeros(B, T, H, D, dtype=bf16))
+    step._descriptors(env)
+    expected = {"q": ([B * T, HQ * D], [64, D], gluon_fwd.Q_SMEM), "o": ([B * T, HQ * D], [64, D], gluon_fwd.Q_SMEM),
+                "k": ([B * T, H * D], [128, D], gluon_fwd.KV_SMEM), "v": ([B * T, H * D], [128, D], gluon_fwd.KV_SMEM)}
+    for name, (shape, block, layout) in expected.items():
+        d = env["_hopper_fwd_desc_" + name]
+        assert d.base.data_ptr() == env[name].data_ptr(), name
+        assert list(d.shape) == shape and list(d.strides) == shape[1:] + [1], name
+        assert list(d.block_shape) == block and d.layout == layout.value, name
+    assert all(t.base is None for *_, t in step.templates)
+
+
+GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16),
+             Case(B=1, T=512, HQ=8, H=1, K=128, dtype=bf16), Case(B=3, T=128, HQ=4, H=4, K=128, dtype=bf16, scale=0.3),
+             Case(B=1, T=640, HQ=4, H=2, K=128, dtype=bf16, window=200),
+             Case(B=2, T=512, HQ=4, H=1, K=128, dtype=f16, window=64),  # rows whose first tile shows them nothing
+             Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16, gate=True),
+             Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16, gate=True, g_dtype=bf16, window=100),
+             Case(B=2, T=512, HQ=8, H=2, K=128, dtype=bf16, sink=float("nan")),
+             Case(B=1, T=384, HQ=4, H=1, K=128, dtype=f16, sink=2.0, sink_dtype=bf16, gate=True),
+             Case(B=1, T=256, HQ=4, H=2, K=128, dtype=bf16, cu_seqlens=(0, 128, 256))]  # runs as the dense [2, 128]
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c.id for c in GPU_CASES])
+def test_matches_oracle(case, monkeypatch):
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")  # these small calls would contain inline (Triton then)
+    spy = FwdSpy(monkeypatch)
+    with fwd_kernel("hopper"):
+        check_against_oracle(case)
+    assert spy.hopper == [True], spy.hopper
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", [Case(B=1, T=384, HQ=4, H=2, K=128, dtype=bf16),
+                                  Case(B=2, T=256, HQ=4, H=4, K=128, dtype=f16, sink=float("nan"))],
+                         ids=["g2", "mha-sink"])
+def test_noncausal_matches_oracle(case, monkeypatch):
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    spy = FwdSpy(monkeypatch)
+    with fwd_kernel("hopper"):
+        check_against_oracle(case, None, _noncausal_ours(case, (-1, -1)), _noncausal_oracle(case, (-1, -1)))
+    assert spy.hopper == [True], spy.hopper
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", [Case(B=2, T=256, HQ=4, H=2, K=128, dtype=bf16, sink=1.0, gate=True),
+                                  Case(B=1, T=384, HQ=4, H=1, K=128, dtype=f16, window=100)], ids=["gate-sink", "W100"])
+def test_lse_matches_oracle(case, monkeypatch):
+    """`return_lse`: the user's lse (natural log) and the gradients through it, from the Hopper forward's rows."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    spy = FwdSpy(monkeypatch)
+    with fwd_kernel("hopper"):
+        test_attn_lse.check_lse_case(case)
+    assert spy.hopper == [True], spy.hopper
+
+
+@needs_hopper
+def test_bitwise_repeatable_and_auto_takes_it(monkeypatch):
+    """"auto" runs the Hopper kernel on a two-launch call, and a second call gives bitwise the same o and
+    gradients; its o agrees with the Triton forward's to the products' rounding."""
+    monkeypatch.delenv("FLA_BWD_FWD_KERNEL", raising=False)
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    case = Case(B=2, T=1024, HQ=8, H=2, K=128, dtype=bf16, gate=True)
+    x = make_inputs(case)
+    spy = FwdSpy(monkeypatch)
+    first = run_parallel(case, x)
+    again = run_parallel(case, x)
+    assert spy.hopper == [True, True], spy.hopper
+    for name in first:
+        assert torch.equal(first[name], again[name]), name
+    with fwd_kernel("triton"):
+        triton = run_parallel(case, x)
+    assert spy.hopper[-1] is False
+    a, b = first["o"].double(), triton["o"].double()
+    assert ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item() < 1e-3
+
+
+@needs_hopper
+@pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan), ("q", math.inf)],
+                         ids=["q_nan", "k_inf", "v_nan", "q_inf"])
+def test_nan_inf_propagation(which, value, gate, monkeypatch):
+    """tests/ops/test_attn_nan.py's check at a size this kernel runs: the flags it writes send exactly the tiles
+    with a non-finite o to the Triton FIXUP launch, and a non-finite input reaches only what depends on it."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    for name, value_ in dict(NAN_T=256, NAN_D=128).items():
+        monkeypatch.setattr(test_attn_nan, name, value_)
+    spy = FwdSpy(monkeypatch)
+    with fwd_kernel("hopper"):
+        out, clean, dep = test_attn_nan._poisoned_run(which, value, None, gate=gate)
+    assert set(spy.hopper) == {True}, spy.hopper
+    test_attn_nan._check_poisoned(out, clean, dep)
+
+
+@needs_hopper
+def test_whole_step_capture(monkeypatch):
+    """Forward + backward in one CUDA graph replays bitwise like eager calls (the descriptors are made at each run of
+    the plan, so a capture holds the captured tensors')."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    spy = FwdSpy(monkeypatch)
+    with fwd_kernel("hopper"):
+        _capture_replays_like_eager(Case(B=2, T=512, HQ=8, H=2, K=128))
+    assert spy.hopper and set(spy.hopper) == {True}, spy.hopper
