@@ -49,6 +49,7 @@ MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1
 OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA.value, k_width=2))
 Q_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BH, D], gl.bfloat16))
 KV_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BN, D], gl.bfloat16))
+ROW_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BN], gl.float32))
 BM_C = gl.constexpr(BM)
 BH_C = gl.constexpr(BH)
 BN_C = gl.constexpr(BN)
@@ -83,10 +84,11 @@ def _key_tiles(t0, T, W):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ, qk_scale,
-              q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn, PINGPONG, G):
-    """Copies the program's q (a [64, D] box a consumer warpgroup), then K and V of each key tile it sees into the
-    next free stage."""
+def _producer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
+              qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn,
+              PINGPONG, G):
+    """Copies the program's q (a [64, D] box a consumer warpgroup), then K and V of each key tile it sees (gated:
+    and the keys' gate cumsum) into the next free stage."""
     i_b, i_hq, i_h, t0 = _tile(B, T, HQ, G)
     mbarrier.expect(q_ready.index(0), 2 * BH_C * D_C * 2)
     for i_wg in gl.static_range(2):
@@ -96,21 +98,24 @@ def _producer(q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc,
         i = j - lo
         s = i % STAGES_C
         mbarrier.wait(kv_empty.index(s), (i // STAGES_C) & 1)
-        mbarrier.expect(k_ready.index(s), BN_C * D_C * 2)
+        mbarrier.expect(k_ready.index(s), BN_C * D_C * 2 + (BN_C * 4 if gc is not None else 0))
         _tma_load(k_desc, [i_b * T + j * BN_C, i_h * D_C], k_ready.index(s), k_smem.index(s))
+        if gc is not None:  # the keys' gate cumsum, with K
+            _tma_load(gc_desc, [i_hq * (B * T) + i_b * T + j * BN_C], k_ready.index(s), gk_smem.index(s))
         mbarrier.expect(v_ready.index(s), BN_C * D_C * 2)
         _tma_load(v_desc, [i_b * T + j * BN_C, i_h * D_C], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
-def _softmax(b_s, b_m, b_l, b_gq, gc_k, o_r, j, t0r, W, qk_scale):
+def _softmax(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale):
     """The online softmax of key tile j's q.k products b_s [BH, BN] for queries t0r + o_r: (P, the factor that
-    rescales O, m, l). Gated: scores get gq - gk (the Triton forward's order). Masked where a row may not see a key
-    of the tile (diagonal, window edge); a row that sees nothing yet keeps m = -inf and subtracts 0."""
+    rescales O, m, l). Gated: scores get gq - gk (the Triton forward's order; gk from stage s). Masked where a row
+    may not see a key of the tile (diagonal, window edge); a row that sees nothing yet keeps m = -inf and subtracts
+    0."""
     o_c = gl.arange(0, BN_C, layout=gl.SliceLayout(0, MMA))
     b_s = b_s * qk_scale
-    if gc_k is not None:
-        b_gk = gl.load(gc_k + j * BN_C + o_c)
+    if gc is not None:
+        b_gk = gk_smem.index(s).load(gl.SliceLayout(0, MMA))
         b_s = b_s + (b_gq[:, None] - b_gk[None, :])
     if W is not None:  # causal
         c0 = j * BN_C
@@ -143,8 +148,9 @@ def _their_turn(turn, on, i_wg):
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ, qk_scale,
-              q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn, PINGPONG, G, i_wg):
+def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
+              qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn,
+              PINGPONG, G, i_wg):
     """Consumer warpgroup i_wg: queries [64 i_wg, 64 i_wg + 64) of the tile, over every key tile it sees, then its
     o (through its q buffer and TMA), lse, o_lo, the user's lse and its part of the program's flag."""
     dtype: gl.constexpr = q_desc.dtype
@@ -155,10 +161,8 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc,
     b_m = gl.full([BH_C], float("-inf"), gl.float32, gl.SliceLayout(1, MMA))
     b_l = gl.zeros([BH_C], gl.float32, gl.SliceLayout(1, MMA))
     b_gq = b_l
-    gc_k = gc
     if gc is not None:  # [HQ, B * T] fp32, base 2
-        gc_k = gc + i_hq.to(gl.int64) * (B * T) + i_b * T
-        b_gq = gl.load(gc_k + t0r + o_r)
+        b_gq = gl.load(gc + i_hq.to(gl.int64) * (B * T) + i_b * T + t0r + o_r)
     b_q = q_smem.index(i_wg)
     mbarrier.wait(q_ready.index(0), 0)
     lo, hi = _key_tiles(t0, T, W)
@@ -168,7 +172,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc,
     tok = warpgroup_mma(b_q, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
     _their_turn(turn, PINGPONG, i_wg)
     b_s = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-    b_p, _, b_m, b_l = _softmax(b_s, b_m, b_l, b_gq, gc_k, o_r, lo, t0r, W, qk_scale)
+    b_p, _, b_m, b_l = _softmax(b_s, b_m, b_l, b_gq, gc, gk_smem, 0, o_r, lo, t0r, W, qk_scale)
     acc = zero
     for j in range(lo + 1, hi):
         i = j - lo
@@ -182,7 +186,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc,
         acc = warpgroup_mma(b_pa, v_smem.index(sp), acc, is_async=True)
         _their_turn(turn, PINGPONG, i_wg)
         b_s = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))  # S_j; P V of tile j - 1 stays in flight
-        b_p, b_alpha, b_m, b_l = _softmax(b_s, b_m, b_l, b_gq, gc_k, o_r, j, t0r, W, qk_scale)
+        b_p, b_alpha, b_m, b_l = _softmax(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_empty.index(sp), count=1)
         acc = acc * b_alpha[:, None]
@@ -235,19 +239,23 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc,
 
 @gluon.jit(do_not_specialize=["B", "T", "W"])
 def parallel_attn_fwd_kernel_hopper(
-    q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, qk_scale,
+    q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, qk_scale,
     HQ: gl.constexpr, G: gl.constexpr, PINGPONG: gl.constexpr,
 ):
     """o (`[B, T, HQ, D]`, through o_desc) and lse `[HQ, B * T]` (base 2, the sink included) of one 128-query tile
     of one query head, and the FLAG launch's flag of the program; q, k, v through their TMA descriptors (`[B * T,
     heads * D]` views). W: keys [i - W + 1, i] (causal); None: every key (a partition sees a None as such, where a
-    constexpr flag would reach it as a value). Gated: gc `[HQ, B * T]` (fp32, base 2); with a sink: sink_bias `[HQ]`;
+    constexpr flag would reach it as a value). Gated: gc `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view, else
+    None); with a sink: sink_bias `[HQ]`;
     o_lo (int8, o's shape) and lse_out (`[B * T, HQ]`, natural log) where not None. PINGPONG: the consumer
     warpgroups issue their products in turn (`_my_turn`)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], Q_SMEM)  # [consumer warpgroup, query, d]
     k_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BN_C, D_C], KV_SMEM)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BN_C, D_C], KV_SMEM)
+    gk_smem = q_smem  # not read without a gate
+    if gc is not None:
+        gk_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BN_C], ROW_SMEM)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     flag_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
@@ -265,12 +273,15 @@ def parallel_attn_fwd_kernel_hopper(
         mbarrier.init(kv_empty.index(s), count=2)  # one arrival a consumer warpgroup
         mbarrier.arrive(kv_empty.index(s), count=2)  # every stage starts free
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
-    producer = (q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-                qk_scale, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn, PINGPONG, G)
-    wg0 = (q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ, qk_scale,
-           q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn, PINGPONG, G, 0)
-    wg1 = (q_desc, k_desc, v_desc, o_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ, qk_scale,
-           q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn, PINGPONG, G, 1)
+    producer = (q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
+                qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn,
+                PINGPONG, G)
+    wg0 = (q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
+           qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn, PINGPONG,
+           G, 0)
+    wg1 = (q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
+           qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn, PINGPONG,
+           G, 1)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
                        [CONSUMER_REGS, CONSUMER_REGS])
 
@@ -289,8 +300,11 @@ class HopperFwdLaunch(DescriptorLaunch):
                  ("k", "k", (rows, s.H * D), [BN, D], KV_SMEM.value),
                  ("v", "v", (rows, s.H * D), [BN, D], KV_SMEM.value),
                  ("o", args["o"].name, (rows, s.HQ * D), [BH, D], Q_SMEM.value))
+        gated = args["g_cumsum"] is not None
+        if gated:
+            table += (("gc", args["g_cumsum"].name, (-1,), [BN], ROW_SMEM.value),)
         super().__init__(parallel_attn_fwd_kernel_hopper, (s.T // BM * s.B * s.HQ,), dict(
             o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
             gc=args["g_cumsum"], sink_bias=args["sink_bias"], B=s.B, T=s.T, W=s.W if s.WR is None else None,
             qk_scale=s.scale * LOG2E, HQ=s.HQ, G=s.HQ // s.H, PINGPONG=PINGPONG,
-            num_warps=NUM_WARPS), table, "_hopper_fwd_desc_")
+            num_warps=NUM_WARPS, **({} if gated else {"gc_desc": None})), table, "_hopper_fwd_desc_")
