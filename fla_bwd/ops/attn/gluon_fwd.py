@@ -6,7 +6,9 @@ A producer partition copies the tile's q once and each 128-key tile's K and V by
 stages behind mbarriers (K and V of a stage on barriers of their own: the scores' product waits for K alone). Two
 consumer warpgroups own 64 queries each and share every K/V stage. Each overlaps its products within the iteration:
 it issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, waits for S_j alone and runs the online softmax of S_j while the
-P V product is in flight, then waits for that product and rescales O (FA3's intra-warpgroup pipelining).
+P V product is in flight, then waits for that product and rescales O (FA3's intra-warpgroup pipelining). FA3's
+ping-pong of the two warpgroups (each issuing its products in turn, behind a pair of mbarriers) measured no faster
+here (g8-T8192 891 against 878 us, H100).
 
 It is the FLAG launch of the two-launch containment (`host.add_contained`): each program's flag says whether its
 unnormalised o is not finite, and the Triton forward's FIXUP launch recomputes those tiles with containment. The grid
@@ -41,8 +43,7 @@ BM = 128  # queries a program: two consumer warpgroups of 64 (the Triton forward
 BH = 64  # queries of one consumer warpgroup
 BN = 128  # keys a stage
 D = 128
-STAGES = 2  # K/V stages: 2 x 64 KB beside q's 32 KB
-PINGPONG = True  # the consumer warpgroups issue their products in turn (`_my_turn`)
+STAGES = 3  # K/V stages of 64 KB beside q's 32 KB: g8-T8192 878 against 1065 us at 2 (H100)
 NUM_WARPS = 4  # the default partition, the producer; each consumer warpgroup is a worker partition of 4 warps
 CONSUMER_REGS = gl.constexpr(240)
 MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]))
@@ -85,8 +86,8 @@ def _key_tiles(t0, T, W):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-              qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn,
-              PINGPONG, G):
+              qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
+              G):
     """Copies the program's q (a [64, D] box a consumer warpgroup), then K and V of each key tile it sees (gated:
     and the keys' gate cumsum) into the next free stage."""
     i_b, i_hq, i_h, t0 = _tile(B, T, HQ, G)
@@ -131,26 +132,9 @@ def _softmax(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale):
 
 
 @gluon.jit
-def _my_turn(turn, on, i_wg, n):
-    """Ping-pong (on): wait until the other consumer warpgroup has issued its products, so that the two
-    issue theirs in turn and each one's softmax runs under the other's products (FA3's inter-warpgroup schedule).
-    n: this warpgroup's turns so far (the barrier's phase); returns n + 1."""
-    if on:
-        mbarrier.wait(turn.index(i_wg), n & 1)
-    return n + 1
-
-
-@gluon.jit
-def _their_turn(turn, on, i_wg):
-    """Ping-pong: this warpgroup has issued its products; the other may issue its own."""
-    if on:
-        mbarrier.arrive(turn.index(1 - i_wg), count=1)
-
-
-@gluon.jit
 def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-              qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn,
-              PINGPONG, G, i_wg):
+              qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
+              G, i_wg):
     """Consumer warpgroup i_wg: queries [64 i_wg, 64 i_wg + 64) of the tile, over every key tile it sees, then its
     o (through its q buffer and TMA), lse, o_lo, the user's lse and its part of the program's flag."""
     dtype: gl.constexpr = q_desc.dtype
@@ -168,9 +152,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
     lo, hi = _key_tiles(t0, T, W)
     # The first tile: S_lo and its softmax; O starts at P_lo V_lo below.
     mbarrier.wait(k_ready.index(0), 0)
-    n_turn = _my_turn(turn, PINGPONG, i_wg, 0)
     tok = warpgroup_mma(b_q, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-    _their_turn(turn, PINGPONG, i_wg)
     b_s = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
     b_p, _, b_m, b_l = _softmax(b_s, b_m, b_l, b_gq, gc, gk_smem, 0, o_r, lo, t0r, W, qk_scale)
     acc = zero
@@ -181,10 +163,8 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
         b_pa = gl.convert_layout(b_p.to(dtype), OPERAND_A)
         mbarrier.wait(k_ready.index(s), (i // STAGES_C) & 1)
         mbarrier.wait(v_ready.index(sp), ((i - 1) // STAGES_C) & 1)
-        n_turn = _my_turn(turn, PINGPONG, i_wg, n_turn)
         tok = warpgroup_mma(b_q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(b_pa, v_smem.index(sp), acc, is_async=True)
-        _their_turn(turn, PINGPONG, i_wg)
         b_s = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))  # S_j; P V of tile j - 1 stays in flight
         b_p, b_alpha, b_m, b_l = _softmax(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -194,9 +174,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
     s = i % STAGES_C
     b_pa = gl.convert_layout(b_p.to(dtype), OPERAND_A)
     mbarrier.wait(v_ready.index(s), (i // STAGES_C) & 1)
-    n_turn = _my_turn(turn, PINGPONG, i_wg, n_turn)
     acc = warpgroup_mma(b_pa, v_smem.index(s), acc, is_async=True)
-    _their_turn(turn, PINGPONG, i_wg)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     # The FLAG launch's flag of this program: its unnormalised o not finite. Warpgroup 0 stores it, then warpgroup 1
     # sets it where its own rows are not finite (ordered by flag_bar: both store to the same byte).
@@ -240,15 +218,14 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
 @gluon.jit(do_not_specialize=["B", "T", "W"])
 def parallel_attn_fwd_kernel_hopper(
     q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, qk_scale,
-    HQ: gl.constexpr, G: gl.constexpr, PINGPONG: gl.constexpr,
+    HQ: gl.constexpr, G: gl.constexpr,
 ):
     """o (`[B, T, HQ, D]`, through o_desc) and lse `[HQ, B * T]` (base 2, the sink included) of one 128-query tile
     of one query head, and the FLAG launch's flag of the program; q, k, v through their TMA descriptors (`[B * T,
     heads * D]` views). W: keys [i - W + 1, i] (causal); None: every key (a partition sees a None as such, where a
     constexpr flag would reach it as a value). Gated: gc `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view, else
     None); with a sink: sink_bias `[HQ]`;
-    o_lo (int8, o's shape) and lse_out (`[B * T, HQ]`, natural log) where not None. PINGPONG: the consumer
-    warpgroups issue their products in turn (`_my_turn`)."""
+    o_lo (int8, o's shape) and lse_out (`[B * T, HQ]`, natural log) where not None."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], Q_SMEM)  # [consumer warpgroup, query, d]
     k_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BN_C, D_C], KV_SMEM)
@@ -263,10 +240,6 @@ def parallel_attn_fwd_kernel_hopper(
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready.index(0), count=1)
     mbarrier.init(flag_bar.index(0), count=1)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
-    mbarrier.arrive(turn.index(0), count=1)  # warpgroup 0 issues first
     for s in gl.static_range(STAGES_C):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
@@ -274,13 +247,13 @@ def parallel_attn_fwd_kernel_hopper(
         mbarrier.arrive(kv_empty.index(s), count=2)  # every stage starts free
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
     producer = (q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-                qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn,
-                PINGPONG, G)
+                qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
+                G)
     wg0 = (q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-           qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn, PINGPONG,
+           qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
            G, 0)
     wg1 = (q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-           qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar, turn, PINGPONG,
+           qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
            G, 1)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
                        [CONSUMER_REGS, CONSUMER_REGS])
@@ -306,5 +279,5 @@ class HopperFwdLaunch(DescriptorLaunch):
         super().__init__(parallel_attn_fwd_kernel_hopper, (s.T // BM * s.B * s.HQ,), dict(
             o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
             gc=args["g_cumsum"], sink_bias=args["sink_bias"], B=s.B, T=s.T, W=s.W if s.WR is None else None,
-            qk_scale=s.scale * LOG2E, HQ=s.HQ, G=s.HQ // s.H, PINGPONG=PINGPONG,
-            num_warps=NUM_WARPS, **({} if gated else {"gc_desc": None})), table, "_hopper_fwd_desc_")
+            qk_scale=s.scale * LOG2E, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS,
+            **({} if gated else {"gc_desc": None})), table, "_hopper_fwd_desc_")
