@@ -108,27 +108,49 @@ def _producer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
 
 
 @gluon.jit
-def _softmax(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale):
-    """The online softmax of key tile j's q.k products b_s [BH, BN] for queries t0r + o_r: (P, the factor that
-    rescales O, m, l). Gated: scores get gq - gk (the Triton forward's order; gk from stage s). Masked where a row
-    may not see a key of the tile (diagonal, window edge); a row that sees nothing yet keeps m = -inf and subtracts
-    0."""
-    o_c = gl.arange(0, BN_C, layout=gl.SliceLayout(0, MMA))
-    b_s = b_s * qk_scale
+def _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, MASK: gl.constexpr):
+    """The online softmax of key tile j's q.k products b_qk [BH, BN] for queries t0r + o_r: (P, the factor that
+    rescales O, m, l), rounded as the Triton forward's (`inner.fwd_block`), so that the Triton FIXUP launch of a
+    flagged tile gives its finite rows bitwise these values. Gated: scores get gq - gk (gk from stage s). MASK: a
+    tile the Triton forward masks (`_masked`); unmasked ungated tiles take exp2 of one fma, as its contracted code
+    does. A row that sees nothing yet keeps m = -inf and subtracts 0."""
+    b_s = b_qk * qk_scale
     if gc is not None:
         b_gk = gk_smem.index(s).load(gl.SliceLayout(0, MMA))
         b_s = b_s + (b_gq[:, None] - b_gk[None, :])
-    if W is not None:  # causal
-        c0 = j * BN_C
-        if (c0 + BN_C - 1 > t0r) | (c0 < t0r + BH_C - W):  # the diagonal, or the window's first key past c0
-            o_q = (t0r + o_r)[:, None]
-            o_k = (c0 + o_c)[None, :]
-            b_s = gl.where((o_k <= o_q) & (o_k > o_q - W), b_s, float("-inf"))
+    if MASK:
+        o_q = (t0r + o_r)[:, None]
+        o_k = (j * BN_C + gl.arange(0, BN_C, layout=gl.SliceLayout(0, MMA)))[None, :]
+        b_s = gl.where((o_k <= o_q) & (o_k > o_q - W), b_s, float("-inf"))
     b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
     b_m_ref = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    b_p = gl.exp2(b_s - b_m_ref[:, None])
+    if MASK or gc is not None:
+        b_p = gl.exp2(b_s - b_m_ref[:, None])
+    else:
+        b_p = gl.exp2(gl.fma(b_qk, qk_scale, -b_m_ref[:, None]))
     b_alpha = gl.exp2(b_m - b_m_ref)
     return b_p, b_alpha, b_m_new, b_l * b_alpha + gl.sum(b_p, 1)
+
+
+@gluon.jit
+def _masked(j, t0, W):
+    """Whether the Triton forward masks key tile j of the query tile [t0, t0 + BM) (`inner.key_ranges`, BT = BS =
+    128, causal: W not None): the window's edge [lo, mid) and the diagonal."""
+    lo = gl.maximum(t0 - W + 1, 0) // BN_C * BN_C
+    mid = gl.maximum(lo, gl.minimum(gl.cdiv(gl.maximum(t0 + BM_C - W, 0), BN_C) * BN_C, t0))
+    return (j * BN_C < mid) | (j * BN_C >= t0)
+
+
+@gluon.jit
+def _softmax_of_tile(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W, qk_scale):
+    """`_softmax` of key tile j, masked where the Triton forward masks it (never without causality, W None)."""
+    if W is None:
+        b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, False)
+    elif _masked(j, t0, W):
+        b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, True)
+    else:
+        b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, False)
+    return b_p, b_alpha, b_m, b_l
 
 
 @gluon.jit
@@ -154,7 +176,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
     mbarrier.wait(k_ready.index(0), 0)
     tok = warpgroup_mma(b_q, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
     b_s = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-    b_p, _, b_m, b_l = _softmax(b_s, b_m, b_l, b_gq, gc, gk_smem, 0, o_r, lo, t0r, W, qk_scale)
+    b_p, _, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, 0, o_r, lo, t0, t0r, W, qk_scale)
     acc = zero
     for j in range(lo + 1, hi):
         i = j - lo
@@ -166,7 +188,8 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
         tok = warpgroup_mma(b_q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(b_pa, v_smem.index(sp), acc, is_async=True)
         b_s = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))  # S_j; P V of tile j - 1 stays in flight
-        b_p, b_alpha, b_m, b_l = _softmax(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale)
+        b_p, b_alpha, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W,
+                                                  qk_scale)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_empty.index(sp), count=1)
         acc = acc * b_alpha[:, None]
@@ -217,7 +240,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
 
 @gluon.jit(do_not_specialize=["B", "T", "W"])
 def parallel_attn_fwd_kernel_hopper(
-    q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, qk_scale,
+    q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, scale,
     HQ: gl.constexpr, G: gl.constexpr,
 ):
     """o (`[B, T, HQ, D]`, through o_desc) and lse `[HQ, B * T]` (base 2, the sink included) of one 128-query tile
@@ -227,6 +250,7 @@ def parallel_attn_fwd_kernel_hopper(
     None); with a sink: sink_bias `[HQ]`;
     o_lo (int8, o's shape) and lse_out (`[B * T, HQ]`, natural log) where not None."""
     dtype: gl.constexpr = q_desc.dtype
+    qk_scale = scale * LOG2E_C  # in fp32 here, as the Triton forward's `inner.score_scales`
     q_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], Q_SMEM)  # [consumer warpgroup, query, d]
     k_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BN_C, D_C], KV_SMEM)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BN_C, D_C], KV_SMEM)
@@ -279,5 +303,5 @@ class HopperFwdLaunch(DescriptorLaunch):
         super().__init__(parallel_attn_fwd_kernel_hopper, (s.T // BM * s.B * s.HQ,), dict(
             o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
             gc=args["g_cumsum"], sink_bias=args["sink_bias"], B=s.B, T=s.T, W=s.W if s.WR is None else None,
-            qk_scale=s.scale * LOG2E, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS,
+            scale=s.scale, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS,
             **({} if gated else {"gc_desc": None})), table, "_hopper_fwd_desc_")
