@@ -111,13 +111,15 @@ def _producer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
 def _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, MASK: gl.constexpr):
     """The online softmax of key tile j's q.k products b_qk [BH, BN] for queries t0r + o_r: (P, the factor that
     rescales O, m, l), rounded as the Triton forward's (`inner.fwd_block`), so that the Triton FIXUP launch of a
-    flagged tile gives its finite rows bitwise these values. Gated: scores get gq - gk (gk from stage s). MASK: a
-    tile the Triton forward masks (`_masked`); unmasked ungated tiles take exp2 of one fma, as its contracted code
-    does. A row that sees nothing yet keeps m = -inf and subtracts 0."""
-    b_s = b_qk * qk_scale
+    flagged tile gives its finite rows bitwise these values. Gated: scores are one fma with gq - gk (gk from stage
+    s). MASK: a tile the Triton forward masks (`_masked`); unmasked ungated tiles take exp2 of one fma. Both fmas are
+    the ones LLVM contracts the Triton forward's code into, made explicit here, where it contracted neither. A row
+    that sees nothing yet keeps m = -inf and subtracts 0."""
     if gc is not None:
         b_gk = gk_smem.index(s).load(gl.SliceLayout(0, MMA))
-        b_s = b_s + (b_gq[:, None] - b_gk[None, :])
+        b_s = gl.fma(b_qk, qk_scale, b_gq[:, None] - b_gk[None, :])
+    else:
+        b_s = b_qk * qk_scale
     if MASK:
         o_q = (t0r + o_r)[:, None]
         o_k = (j * BN_C + gl.arange(0, BN_C, layout=gl.SliceLayout(0, MMA)))[None, :]
