@@ -26,7 +26,7 @@ import fla_bwd.ops.attn.gluon_fwd as gluon_fwd
 import fla_bwd.ops.attn.host as host
 from fla_bwd.ops.attn import config
 from fla_bwd.ops.attn.call import Shape
-from fla_bwd.settings import fwd_kernel
+from fla_bwd.settings import dq_path, ds_kernel, fwd_kernel
 
 bf16, f16 = torch.bfloat16, torch.float16
 HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0)
@@ -70,7 +70,8 @@ def test_out_of_scope_calls_say_why():
         for kw, why in [(dict(K=64, V=64), "K = V = 128"), (dict(dtype=torch.float32), "16-bit"),
                         (dict(T=1000, W=1000), "multiple of 128"), (dict(Q0=128), "tail queries"),
                         (dict(softcap=30.0), "softcap"), (dict(WR=5), "without a window"),
-                        (dict(WR=1024, W=64), "without a window")]:
+                        (dict(WR=1024, W=64), "without a window"), (dict(B=2**18, g_dtype=torch.float32), "HQ * B * T"),
+                        (dict(B=2**21, T=1024), "B * T")]:
             assert why in dispatch.hopper_fwd_why_not(_shape(device=cuda, **kw), cuda, True), kw
         assert "16-byte aligned" in dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, False)
 
@@ -222,12 +223,17 @@ def test_bitwise_repeatable_and_auto_takes_it(monkeypatch):
                          ids=["q_nan", "k_inf", "v_nan", "q_inf"])
 def test_nan_inf_propagation(which, value, gate, monkeypatch):
     """tests/ops/test_attn_nan.py's check at a size this kernel runs: the flags it writes send exactly the tiles
-    with a non-finite o to the Triton FIXUP launch, and a non-finite input reaches only what depends on it."""
+    with a non-finite o to the Triton FIXUP launch, whose finite rows are bitwise this kernel's, and a non-finite
+    input reaches only what depends on it. The backward runs on five products (the Hopper dK/dV kernel, which takes
+    o_lo from this forward where gated). On seven products at this size a gated q's NaN moved dg by an ulp at
+    positions after it on the H100, while this kernel's gated o, lse and o_lo were bitwise the Triton forward's:
+    the seven-product backward's (its SAFE recompute of a flagged dK/dV tile rounds the independent keys' dgc_k
+    otherwise, as in tests/ops/test_attn_lse.py's open nan-two-launch-recompute case)."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
     for name, value_ in dict(NAN_T=256, NAN_D=128).items():
         monkeypatch.setattr(test_attn_nan, name, value_)
     spy = FwdSpy(monkeypatch)
-    with fwd_kernel("hopper"):
+    with fwd_kernel("hopper"), dq_path("from-ds"), ds_kernel("hopper"):
         out, clean, dep = test_attn_nan._poisoned_run(which, value, None, gate=gate)
     assert set(spy.hopper) == {True}, spy.hopper
     test_attn_nan._check_poisoned(out, clean, dep)

@@ -108,6 +108,8 @@ def hopper_fwd_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
         return f"it needs T to be a multiple of {BM}"
     if s.B * s.T >= 2**31:
         return "B * T must stay under 2**31 (TMA coordinates)"
+    if s.g_dtype is not None and s.HQ * s.B * s.T >= 2**31:
+        return "gated: HQ * B * T must stay under 2**31 (TMA coordinates of the gate's cumsum)"
     if not aligned:
         return "q, k and v must start at 16-byte aligned addresses (TMA)"
     return None
