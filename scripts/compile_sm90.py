@@ -8,6 +8,7 @@ config spill" without spending device time.
     python scripts/compile_sm90.py --dkv BT=128,BS=64,num_warps=8
     python scripts/compile_sm90.py --dims 128 --plain --loops   # + per-loop instructions and spills (SASS)
     python scripts/compile_sm90.py --hopper --loops              # the Gluon dK/dV kernel (gluon_dkv.py)
+    python scripts/compile_sm90.py --hopper-fwd --loops          # the Gluon forward (gluon_fwd.py)
 
 `--sass-hash` adds a hash of each kernel's whole SASS and one of its PTX, both blind to the source's file, line
 numbers and the kernel's name (`sass_text`, `ptx_text`): a change that must not alter the generated code (a new
@@ -105,6 +106,47 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
              for n in ("dk", "dv", "dk_in", "dv_in", "nonfinite", "sched") + (("gc",) if gated else ())}
     return triton.compile(GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=GD.NUM_WARPS))
+
+
+def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool = False, sink: bool = False,
+                            o_lo: bool = False, lse_out: bool = False):
+    """The Gluon forward (`gluon_fwd.parallel_attn_fwd_kernel_hopper`) for sm_90 at HQ = 32, G = 4, with the pointer
+    types its launches pass: causal (W a runtime int) or not (None), and the gate, the sink, o_lo and the user's lse
+    each there or None."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    import fla_bwd.ops.attn.gluon_fwd as GF
+
+    fn = GF.parallel_attn_fwd_kernel_hopper
+    e = TYPES[dtype]
+    sig = dict(q_desc=f"tensordesc<{e}[64, 128],{GF.Q_SMEM.value!r}>", k_desc=f"tensordesc<{e}[128, 128],"
+               f"{GF.KV_SMEM.value!r}>", lse="*fp32", nonfinite="*i8", B="i32", T="i32", scale="fp32")
+    sig.update(v_desc=sig["k_desc"], o_desc=sig["q_desc"])
+    values = dict(HQ=32, G=4)
+    if causal:
+        sig["W"] = "i32"
+    else:
+        values["W"] = None
+    if gated:
+        sig.update(gc_desc=f"tensordesc<fp32[128],{GF.ROW_SMEM.value!r}>", gc="*fp32")
+    else:
+        values.update(gc_desc=None, gc=None)
+    for name, on, ty in (("sink_bias", sink, "*fp32"), ("o_lo", o_lo, "*i8"), ("lse_out", lse_out, "*fp32")):
+        if on:
+            sig[name] = ty
+        else:
+            values[name] = None
+    names = fn.arg_names
+    signature = {n: sig.get(n, "constexpr") for n in names}
+    constexprs = {(names.index(n),): v for n, v in values.items()}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("lse", "nonfinite") + (("gc",) if gated else ())}
+    return triton.compile(GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=GF.NUM_WARPS))
+
+
+# The Gluon forward's forms that --hopper-fwd compiles: (causal, gated, sink, o_lo, lse_out)
+HOPPER_FWD_FORMS = ((True, False, False, False, False), (False, False, False, False, False),
+                    (True, True, False, True, False), (True, False, True, False, True), (True, True, True, True, True))
 
 
 def _nvidia_tool(name: str) -> str:
@@ -370,6 +412,7 @@ def main():
     ap.add_argument("--gate-only", action="store_true", help="a gate and no sink")
     ap.add_argument("--five", action="store_true", help="the five-product backward's kernels (from_ds.py)")
     ap.add_argument("--hopper", action="store_true", help="the Gluon dK/dV kernel (gluon_dkv.py) instead")
+    ap.add_argument("--hopper-fwd", action="store_true", help="the Gluon forward (gluon_fwd.py) instead")
     ap.add_argument("--features", action="store_true", help="the kernels' softcap and return_lse forms instead")
     ap.add_argument("--loops", action="store_true", help="also list each matrix-product loop's size and spills")
     ap.add_argument("--sass-hash", action="store_true",
@@ -396,6 +439,20 @@ def main():
                     print("\n".join(loop_report(c)), flush=True)
                 if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
                     over.append(f"{label}: {c.metadata.shared} B")
+        if args.check_smem and over:
+            raise SystemExit("over the shared-memory limit: " + "; ".join(over))
+        return
+    if args.hopper_fwd:
+        over = []
+        for form in HOPPER_FWD_FORMS:
+            c = compile_hopper_fwd_sm90(getattr(torch, args.dtype), *form)
+            label = " ".join(f"{n}={v}" for n, v in zip(("causal", "gated", "sink", "o_lo", "lse_out"), form))
+            print(f"hopper fwd {label} {args.dtype}: "
+                  f"{resource_report(c)}" + (f"  {code_hashes(c)}" if args.sass_hash else ""), flush=True)
+            if args.loops:
+                print("\n".join(loop_report(c)), flush=True)
+            if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
+                over.append(f"{label}: {c.metadata.shared} B")
         if args.check_smem and over:
             raise SystemExit("over the shared-memory limit: " + "; ".join(over))
         return
