@@ -17,6 +17,7 @@ _LAZY = {
     "naive_parallel_attn": "fla_bwd.ops.attn",
     "select_dkv_kernel": "fla_bwd.ops.attn",
     "select_backward": "fla_bwd.ops.attn",
+    "select_forward": "fla_bwd.ops.attn",
     "LayoutWarning": "fla_bwd.ops.attn",
     "dkv_path": "fla_bwd.ops.attn",
     "dq_path": "fla_bwd.ops.attn",

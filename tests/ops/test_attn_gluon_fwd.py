@@ -96,6 +96,30 @@ def test_dispatch(kw, monkeypatch):
             dispatch.forward_kernel(s, dense, aligned, "hopper", inline)
 
 
+def test_select_forward_says_why(monkeypatch):
+    """`select_forward` gives the kernel the forward of these inputs runs and why, as the plan's (`plan.forward`)."""
+    import fla_bwd
+
+    monkeypatch.delenv("FLA_BWD_FWD_KERNEL", raising=False)
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    x = make_inputs(Case(B=1, T=256, HQ=4, H=2, K=128, dtype=bf16))
+    route = fla_bwd.select_forward(x.q, x.k, x.v)
+    assert route.kernel == ("hopper" if HOPPER else "triton"), route
+    assert route.explain().startswith("forward kernel: ")
+    if not HOPPER:
+        assert "CUDA GPUs only" in route.why or "sm_90" in route.why
+    monkeypatch.setattr(dispatch, "hopper_fwd_why_not", lambda s, device, aligned: None)
+    assert fla_bwd.select_forward(x.q, x.k, x.v).kernel == "hopper"
+    assert fla_bwd.select_forward(x.q, x.k, x.v, cu_seqlens=torch.tensor([0, 100, 256], device=x.q.device)).why == (
+        "triton: the Hopper kernel cannot run it (it runs dense calls only (no cu_seqlens))")
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
+    assert "inline" in fla_bwd.select_forward(x.q, x.k, x.v).why
+    with fwd_kernel("triton"):
+        assert fla_bwd.select_forward(x.q, x.k, x.v) == ("triton", "forced (FLA_BWD_FWD_KERNEL=triton)")
+    with fwd_kernel("hopper"), pytest.raises(ValueError, match="forward kernel 'hopper'"):
+        fla_bwd.select_forward(x.q, x.k, x.v)
+
+
 def test_forced_hopper_raises_where_it_cannot_run():
     case = Case(B=1, T=100, HQ=4, H=2, K=128, dtype=bf16)  # T not a multiple of 128 (and, on the CPU, no GPU)
     x = make_inputs(case)

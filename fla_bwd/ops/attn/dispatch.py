@@ -543,12 +543,10 @@ def tail_route(s, k: Knobs) -> Route:
 # "Why did it pick this?"
 # ----------------------------------------------------------------------------------------------------------------
 
-def select_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor] = None,
-                    window_size: Optional[int] = None, cu_seqlens: Optional[torch.Tensor] = None,
-                    sink_bias: Optional[torch.Tensor] = None, *, causal: bool = True,
-                    softcap: Optional[float] = None, cu_seqlens_k: Optional[torch.Tensor] = None) -> Route:
-    """The `Route` that a backward of these inputs takes with the settings now (as an eager call: a gated forward
-    stores o_lo where five products need it). `print(select_backward(q, k, v).explain())` says why."""
+def _user_call(q, k, v, g, window_size, cu_seqlens, sink_bias, causal: bool, softcap: Optional[float],
+               cu_seqlens_k: Optional[torch.Tensor]):
+    """The `call.Call` of a user's inputs (checked as `parallel_attn` checks them), as `select_backward` and
+    `select_forward` see it."""
     check_attn_inputs(q, k, v, g, None, window_size, cu_seqlens, sink_bias, None, {}, softcap=softcap, causal=causal,
                       cu_seqlens_k=cu_seqlens_k)
     W, WR = resolve_window(window_size, causal)
@@ -557,10 +555,40 @@ def select_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Option
         if varlen_tiles(cu_seqlens, q.shape[1]).lengths != varlen_tiles(cu_seqlens_k, k.shape[1]).lengths:
             cu_q = cu_seqlens
         cu_seqlens = cu_seqlens_k
-    c = make_call(q, k, v, g, sink_bias, cu_seqlens, resolve_scale(None, q.shape[-1]), W, containment_knob(),
-                  resolve_softcap(softcap), WR, cu_q, on_tiles=False)
+    return make_call(q, k, v, g, sink_bias, cu_seqlens, resolve_scale(None, q.shape[-1]), W, containment_knob(),
+                     resolve_softcap(softcap), WR, cu_q, on_tiles=False)
+
+
+def select_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor] = None,
+                    window_size: Optional[int] = None, cu_seqlens: Optional[torch.Tensor] = None,
+                    sink_bias: Optional[torch.Tensor] = None, *, causal: bool = True,
+                    softcap: Optional[float] = None, cu_seqlens_k: Optional[torch.Tensor] = None) -> Route:
+    """The `Route` that a backward of these inputs takes with the settings now (as an eager call: a gated forward
+    stores o_lo where five products need it). `print(select_backward(q, k, v).explain())` says why."""
+    c = _user_call(q, k, v, g, window_size, cu_seqlens, sink_bias, causal, softcap, cu_seqlens_k)
     now = knobs()
     return route(c, now, c.qkv_aligned, needs_o_lo(c, now))
+
+
+class ForwardRoute(NamedTuple):
+    """The forward's kernel ("hopper": `gluon_fwd`, or "triton") and why (`forward_kernel`)."""
+    kernel: str
+    why: str
+
+    def explain(self) -> str:
+        return f"forward kernel: {self.why}"
+
+
+def select_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor] = None,
+                   window_size: Optional[int] = None, cu_seqlens: Optional[torch.Tensor] = None,
+                   sink_bias: Optional[torch.Tensor] = None, *, causal: bool = True,
+                   softcap: Optional[float] = None, cu_seqlens_k: Optional[torch.Tensor] = None) -> ForwardRoute:
+    """The kernel that a forward of these inputs runs with the settings now, and why:
+    `print(select_forward(q, k, v).explain())`. ValueError where FLA_BWD_FWD_KERNEL forces one that cannot run it."""
+    c = _user_call(q, k, v, g, window_size, cu_seqlens, sink_bias, causal, softcap, cu_seqlens_k)
+    s = c.shape
+    hopper, why = forward_kernel(s, c.tiles is None, c.qkv_aligned, forward_knob(), contain_inline(s, s.containment))
+    return ForwardRoute("hopper" if hopper else "triton", why)
 
 
 def select_dkv_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_size: Optional[int] = None,
