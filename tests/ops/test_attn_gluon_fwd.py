@@ -34,8 +34,8 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on s
 
 
 def _shape(device=None, **kw) -> Shape:
-    d = dict(device=device or torch.device(DEVICE), B=2, T=1024, HQ=8, H=2, K=128, V=128, dtype=bf16, g_dtype=None,
-             sink_dtype=None, scale=128 ** -0.5, W=1024, containment="auto")
+    d = dict(device=device or torch.device(DEVICE), B=2, T=2048, HQ=8, H=2, K=128, V=128, dtype=bf16, g_dtype=None,
+             sink_dtype=None, scale=128 ** -0.5, W=2048, containment="auto")
     d.update(kw)
     return Shape(**d)
 
@@ -66,7 +66,7 @@ def test_out_of_scope_calls_say_why():
         cuda = torch.device("cuda")
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, True) is None
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda, W=300), cuda, True) is None  # windows run
-        assert dispatch.hopper_fwd_why_not(_shape(device=cuda, WR=1024), cuda, True) is None  # non-causal runs
+        assert dispatch.hopper_fwd_why_not(_shape(device=cuda, WR=2048), cuda, True) is None  # non-causal runs
         for kw, why in [(dict(K=64, V=64), "K = V = 128"), (dict(dtype=torch.float32), "16-bit"),
                         (dict(T=1000, W=1000), "multiple of 128"), (dict(Q0=128), "tail queries"),
                         (dict(softcap=30.0), "softcap"), (dict(WR=5), "without a window"),
@@ -76,10 +76,11 @@ def test_out_of_scope_calls_say_why():
         assert "16-byte aligned" in dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, False)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(W=256), dict(WR=1024), dict(g_dtype=torch.float32),
+@pytest.mark.parametrize("kw", [dict(), dict(W=256), dict(WR=2048), dict(g_dtype=torch.float32),
                                 dict(sink_dtype=torch.float32)], ids=["causal", "window", "noncausal", "gate", "sink"])
 def test_dispatch(kw, monkeypatch):
-    """Where the kernel can run (faked on here): "auto" and "hopper" take it, "triton" never; packed calls, inline
+    """Where the kernel can run (faked on here): "auto" (from `config.HOPPER_FWD_MIN_T` on) and "hopper" take it,
+    "triton" never; packed calls, inline
     containment (it is a FLAG launch) and inputs TMA cannot read keep Triton under "auto" and make a forced
     "hopper" raise."""
     monkeypatch.setattr(dispatch, "hopper_fwd_why_not", lambda s, device, aligned: None if aligned else "unaligned")
@@ -87,6 +88,10 @@ def test_dispatch(kw, monkeypatch):
     assert dispatch.forward_kernel(s, True, True, "auto", False)[0]
     assert dispatch.forward_kernel(s, True, True, "hopper", False)[0]
     assert not dispatch.forward_kernel(s, True, True, "triton", False)[0]
+    short = _shape(**dict(kw, T=1024, W=min(kw.get("W", 1024), 1024), WR=kw.get("WR") and 1024))
+    hopper, why = dispatch.forward_kernel(short, True, True, "auto", False)  # below config.HOPPER_FWD_MIN_T
+    assert not hopper and "T = 1024 < 2048" in why, why
+    assert dispatch.forward_kernel(short, True, True, "hopper", False)[0]
     for dense, aligned, inline, match in [(False, True, False, "dense calls only"),
                                           (True, True, True, "contains NaN/Inf inline"),
                                           (True, False, False, "unaligned")]:
@@ -102,7 +107,7 @@ def test_select_forward_says_why(monkeypatch):
 
     monkeypatch.delenv("FLA_BWD_FWD_KERNEL", raising=False)
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
-    x = make_inputs(Case(B=1, T=256, HQ=4, H=2, K=128, dtype=bf16))
+    x = make_inputs(Case(B=1, T=2048, HQ=2, H=1, K=128, dtype=bf16))
     route = fla_bwd.select_forward(x.q, x.k, x.v)
     assert route.kernel == ("hopper" if HOPPER else "triton"), route
     assert route.explain().startswith("forward kernel: ")
@@ -110,7 +115,7 @@ def test_select_forward_says_why(monkeypatch):
         assert "CUDA GPUs only" in route.why or "sm_90" in route.why
     monkeypatch.setattr(dispatch, "hopper_fwd_why_not", lambda s, device, aligned: None)
     assert fla_bwd.select_forward(x.q, x.k, x.v).kernel == "hopper"
-    assert fla_bwd.select_forward(x.q, x.k, x.v, cu_seqlens=torch.tensor([0, 100, 256], device=x.q.device)).why == (
+    assert fla_bwd.select_forward(x.q, x.k, x.v, cu_seqlens=torch.tensor([0, 100, 2048], device=x.q.device)).why == (
         "triton: the Hopper kernel cannot run it (it runs dense calls only (no cu_seqlens))")
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
     assert "inline" in fla_bwd.select_forward(x.q, x.k, x.v).why
@@ -226,7 +231,7 @@ def test_bitwise_repeatable_and_auto_takes_it(monkeypatch):
     gradients; its o agrees with the Triton forward's to the products' rounding."""
     monkeypatch.delenv("FLA_BWD_FWD_KERNEL", raising=False)
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
-    case = Case(B=2, T=1024, HQ=8, H=2, K=128, dtype=bf16, gate=True)
+    case = Case(B=1, T=2048, HQ=4, H=2, K=128, dtype=bf16, gate=True)
     x = make_inputs(case)
     spy = FwdSpy(monkeypatch)
     first = run_parallel(case, x)

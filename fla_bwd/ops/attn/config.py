@@ -80,6 +80,9 @@ HOPPER_DKV_MIN_T = 2048
 # Ungated calls shorter than both lengths above take five products from this length on where the Hopper kernel runs
 # them: 13-21% less graph kernel time at T = 512 on the H100, for 8-24 us more host time, still under it.
 FIVE_PRODUCT_MIN_T_HOPPER = 512
+# "auto" runs the Gluon forward (`gluon_fwd`) from this length on: 1.15-1.47x the Triton forward on every row from
+# T = 2048 on (H100), while mha-short (B4 T512) took 75.5 against 66.2 us eager; between them nothing was measured.
+HOPPER_FWD_MIN_T = 2048
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096).
 FIVE_PRODUCT_SPLITS = (1, 4, 2)

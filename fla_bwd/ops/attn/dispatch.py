@@ -117,8 +117,9 @@ def hopper_fwd_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
 
 def forward_kernel(s, dense: bool, aligned: bool, forced: str, inline: bool) -> tuple:
     """(whether the Hopper kernel runs the forward of a call of Shape s, why): "auto" wherever it can
-    (`hopper_fwd_why_not`; dense calls, two-launch containment: it is the FLAG launch), "hopper" there and ValueError
-    elsewhere, "triton" never. `forced`: `forward_knob()`; `inline`: the call contains NaN/Inf inline."""
+    (`hopper_fwd_why_not`; dense calls, two-launch containment: it is the FLAG launch) from `config.HOPPER_FWD_MIN_T`
+    on, "hopper" wherever it can and ValueError elsewhere, "triton" never. `forced`: `forward_knob()`; `inline`: the
+    call contains NaN/Inf inline."""
     if forced == "triton":
         return False, "forced (FLA_BWD_FWD_KERNEL=triton)"
     why = hopper_fwd_why_not(s, s.device, aligned) if dense else "it runs dense calls only (no cu_seqlens)"
@@ -130,6 +131,8 @@ def forward_kernel(s, dense: bool, aligned: bool, forced: str, inline: bool) -> 
         return True, "forced (FLA_BWD_FWD_KERNEL=hopper)"
     if why is not None:
         return False, f"triton: the Hopper kernel cannot run it ({why})"
+    if s.T < config.HOPPER_FWD_MIN_T:
+        return False, f"triton: T = {s.T} < {config.HOPPER_FWD_MIN_T}, where the Hopper kernel measured faster"
     return True, "hopper: the warp-specialized Gluon kernel runs this call"
 
 
