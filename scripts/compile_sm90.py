@@ -22,6 +22,7 @@ bulk loop spills at all. Check with the device's Triton (3.6): ptxas's verdict d
 
 import argparse
 import concurrent.futures
+import functools
 import hashlib
 import multiprocessing
 import os
@@ -405,6 +406,22 @@ _FLAGS = {"plain": (False, False, False), "gate": (True, False, False), "gate+si
           "five": (False, False, True), "features": (True, True, False, True)}
 
 
+def _report_gluon(kind: str, forms: list, args) -> None:
+    """Compile each (label, compile function) of a Gluon kernel's forms and print its report line (SASS hashes,
+    loops where asked); with --check-smem, exit 1 if a form needs more shared memory than a block may use."""
+    over = []
+    for label, compile_form in forms:
+        c = compile_form()
+        print(f"{kind} {label} {args.dtype}: "
+              f"{resource_report(c)}" + (f"  {code_hashes(c)}" if args.sass_hash else ""), flush=True)
+        if args.loops:
+            print("\n".join(loop_report(c)), flush=True)
+        if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
+            over.append(f"{label}: {c.metadata.shared} B")
+    if args.check_smem and over:
+        raise SystemExit("over the shared-memory limit: " + "; ".join(over))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dims", default="64,128")
@@ -427,34 +444,18 @@ def main():
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("compile_sm90.py compiles for the GPU: run it without TRITON_INTERPRET=1")
+    dtype = getattr(torch, args.dtype)
     if args.hopper:
-        over = []
-        for acc_in, acc_out in ((False, False), (True, True), (True, False)):
-            for gated, sink in ((False, False), (True, False), (False, True)):
-                c = compile_hopper_sm90(getattr(torch, args.dtype), acc_in, acc_out, gated=gated, sink=sink)
-                label = f"ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated}" + (" sink=True" if sink else "")
-                print(f"hopper dkv {label} {args.dtype}: "
-                      f"{resource_report(c)}" + (f"  {code_hashes(c)}" if args.sass_hash else ""), flush=True)
-                if args.loops:
-                    print("\n".join(loop_report(c)), flush=True)
-                if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
-                    over.append(f"{label}: {c.metadata.shared} B")
-        if args.check_smem and over:
-            raise SystemExit("over the shared-memory limit: " + "; ".join(over))
+        _report_gluon("hopper dkv", [
+            (f"ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated}" + (" sink=True" if sink else ""),
+             functools.partial(compile_hopper_sm90, dtype, acc_in, acc_out, gated=gated, sink=sink))
+            for acc_in, acc_out in ((False, False), (True, True), (True, False))
+            for gated, sink in ((False, False), (True, False), (False, True))], args)
         return
     if args.hopper_fwd:
-        over = []
-        for form in HOPPER_FWD_FORMS:
-            c = compile_hopper_fwd_sm90(getattr(torch, args.dtype), *form)
-            label = " ".join(f"{n}={v}" for n, v in zip(("causal", "gated", "sink", "o_lo", "lse_out"), form))
-            print(f"hopper fwd {label} {args.dtype}: "
-                  f"{resource_report(c)}" + (f"  {code_hashes(c)}" if args.sass_hash else ""), flush=True)
-            if args.loops:
-                print("\n".join(loop_report(c)), flush=True)
-            if c.metadata.shared > HOPPER_SMEM_PER_BLOCK:
-                over.append(f"{label}: {c.metadata.shared} B")
-        if args.check_smem and over:
-            raise SystemExit("over the shared-memory limit: " + "; ".join(over))
+        _report_gluon("hopper fwd", [
+            (" ".join(f"{n}={v}" for n, v in zip(("causal", "gated", "sink", "o_lo", "lse_out"), form)),
+             functools.partial(compile_hopper_fwd_sm90, dtype, *form)) for form in HOPPER_FWD_FORMS], args)
         return
     overrides = {k: getattr(args, k) for k in ("fwd", "dq", "dkv")}
     if args.plain and args.gate_only:

@@ -17,6 +17,7 @@ LAYERS = [
     ["fla_bwd.ops.attn.autograd"],
     ["fla_bwd.ops.attn.host", "fla_bwd.ops.attn.dispatch", "fla_bwd.ops.attn.call"],
     ["fla_bwd.ops.attn.kernels", "fla_bwd.ops.attn.from_ds", "fla_bwd.ops.attn.gluon_fwd", "fla_bwd.ops.attn.gluon_dkv",
+     "fla_bwd.ops.attn.gluon_hopper",
      "fla_bwd.ops.attn.inner",
      "fla_bwd.ops.utils.cumsum", "fla_bwd.ops.utils.group_sum"],
     ["fla_bwd.ops.attn.config", "fla_bwd.ops.utils*", "fla_bwd.settings", "fla_bwd.utils"],

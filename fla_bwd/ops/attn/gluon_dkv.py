@@ -27,20 +27,19 @@ import math
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
+
+from fla_bwd.ops.attn import config
+from fla_bwd.ops.attn.gluon_hopper import (
     fence_async_shared,
     mbarrier,
     tma,
+    tma_load,
+    tma_store,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-
-from fla_bwd.ops.attn import config
 from fla_bwd.ops.utils.descriptor_launch import DescriptorLaunch
 
-# Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; later releases (3.9 on CI) async_load / async_store.
-_tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
-_tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
 LOG2E = math.log2(math.e)
 BT = 128  # keys an item: two consumer warpgroups of 64 (the Triton kernel's key tile, so flags and dS tiles match)
 BH = 64  # keys of one consumer warpgroup
@@ -95,8 +94,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
         mbarrier.expect(kv_ready.index(0), KV_BYTES)
         for i_wg in gl.static_range(2):
             key0 = i_b * T + m * BT_C + i_wg * BH_C
-            _tma_load(k_desc, [key0, i_h * D_C], kv_ready.index(0), k_smem.index(i_wg))
-            _tma_load(v_desc, [key0, i_h * D_C], kv_ready.index(0), v_smem.index(i_wg))
+            tma_load(k_desc, [key0, i_h * D_C], kv_ready.index(0), k_smem.index(i_wg))
+            tma_load(v_desc, [key0, i_h * D_C], kv_ready.index(0), v_smem.index(i_wg))
         for c in range(CHUNK):
             i_hq = i_h * G + i_p * (G // SPLIT) + G0 + c
             row = i_hq * (B * T) + i_b * T  # lse, delta: [HQ, B * T]
@@ -104,12 +103,12 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                 s = i % STAGES_C
                 mbarrier.wait(empty.index(s), (i // STAGES_C) & 1)
                 mbarrier.expect(ready.index(s), STAGE_BYTES + (BQ_C * 4 if USE_G else 0))
-                _tma_load(lse_desc, [row + qi * BQ_C], ready.index(s), lse_smem.index(s))
-                _tma_load(delta_desc, [row + qi * BQ_C], ready.index(s), delta_smem.index(s))
+                tma_load(lse_desc, [row + qi * BQ_C], ready.index(s), lse_smem.index(s))
+                tma_load(delta_desc, [row + qi * BQ_C], ready.index(s), delta_smem.index(s))
                 if USE_G:
-                    _tma_load(gc_desc, [row + qi * BQ_C], ready.index(s), gq_smem.index(s))
-                _tma_load(q_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), q_smem.index(s))
-                _tma_load(do_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), do_smem.index(s))
+                    tma_load(gc_desc, [row + qi * BQ_C], ready.index(s), gq_smem.index(s))
+                tma_load(q_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), q_smem.index(s))
+                tma_load(do_desc, [i_b * T + qi * BQ_C, i_hq * D_C], ready.index(s), do_smem.index(s))
                 i += 1
 
 
@@ -192,7 +191,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                     tma.store_wait(pendings=1)  # the store that last read buf has finished
                     buf.store(b_ds)
                     fence_async_shared()
-                    _tma_store(ds_desc, [row + (qi * (qi + 1) // 2 + 2 * m + i_wg) * BQ_C, 0], buf)
+                    tma_store(ds_desc, [row + (qi * (qi + 1) // 2 + 2 * m + i_wg) * BQ_C, 0], buf)
                     n_st += 1
                 acc_dk = warpgroup_mma(gl.convert_layout(b_ds, OPERAND_A), b_q, acc_dk, is_async=True)
                 acc_dv, acc_dk = warpgroup_mma_wait(num_outstanding=0, deps=(acc_dv, acc_dk))

@@ -25,19 +25,18 @@ import math
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
+
+from fla_bwd.ops.attn.gluon_hopper import (
     fence_async_shared,
     mbarrier,
     tma,
+    tma_load,
+    tma_store,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-
 from fla_bwd.ops.utils.descriptor_launch import DescriptorLaunch
 
-# Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; later releases (3.9 on CI) async_load / async_store.
-_tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
-_tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
 LOG2E = math.log2(math.e)
 BM = 128  # queries a program: two consumer warpgroups of 64 (the Triton forward's BT, so flags match)
 BH = 64  # queries of one consumer warpgroup
@@ -93,18 +92,18 @@ def _producer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
     i_b, i_hq, i_h, t0 = _tile(B, T, HQ, G)
     mbarrier.expect(q_ready.index(0), 2 * BH_C * D_C * 2)
     for i_wg in gl.static_range(2):
-        _tma_load(q_desc, [i_b * T + t0 + i_wg * BH_C, i_hq * D_C], q_ready.index(0), q_smem.index(i_wg))
+        tma_load(q_desc, [i_b * T + t0 + i_wg * BH_C, i_hq * D_C], q_ready.index(0), q_smem.index(i_wg))
     lo, hi = _key_tiles(t0, T, W)
     for j in range(lo, hi):
         i = j - lo
         s = i % STAGES_C
         mbarrier.wait(kv_empty.index(s), (i // STAGES_C) & 1)
         mbarrier.expect(k_ready.index(s), BN_C * D_C * 2 + (BN_C * 4 if gc is not None else 0))
-        _tma_load(k_desc, [i_b * T + j * BN_C, i_h * D_C], k_ready.index(s), k_smem.index(s))
+        tma_load(k_desc, [i_b * T + j * BN_C, i_h * D_C], k_ready.index(s), k_smem.index(s))
         if gc is not None:  # the keys' gate cumsum, with K
-            _tma_load(gc_desc, [i_hq * (B * T) + i_b * T + j * BN_C], k_ready.index(s), gk_smem.index(s))
+            tma_load(gc_desc, [i_hq * (B * T) + i_b * T + j * BN_C], k_ready.index(s), gk_smem.index(s))
         mbarrier.expect(v_ready.index(s), BN_C * D_C * 2)
-        _tma_load(v_desc, [i_b * T + j * BN_C, i_h * D_C], v_ready.index(s), v_smem.index(s))
+        tma_load(v_desc, [i_b * T + j * BN_C, i_h * D_C], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
@@ -222,7 +221,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfi
     b_or = acc.to(dtype)
     b_q.store(b_or)  # q's buffer is free: its last product has been waited for
     fence_async_shared()
-    _tma_store(o_desc, [i_b * T + t0r, i_hq * D_C], b_q)
+    tma_store(o_desc, [i_b * T + t0r, i_hq * D_C], b_q)
     rows = i_b * T + t0r + o_r
     if o_lo is not None:  # `inner.o_lo_encode`
         o_c = gl.arange(0, D_C, layout=gl.SliceLayout(0, MMA))
