@@ -4,17 +4,18 @@
 # The full H200 benchmark, from the repository root, with .whl/ carried (benchmarks/tools/fetch_bench_wheels.sh fills
 # it: the peers' wheels and the runner's tabulate and tqdm).
 # Split into parts that each fit one device command (<= 9 minutes; benchmarks/ops/plan.py balances them):
-#     PART=1 bash benchmarks/gpu_run.sh      # the gate + part 1 of PARTS (default 4: three no longer leave headroom
-#                                            # since issue 60's fastpath rows, `python -m benchmarks.ops.plan`)
+#     PART=1 bash benchmarks/gpu_run.sh      # the gate + part 1 of PARTS (default 5: four no longer leave headroom
+#                                            # since the "variants" rows, `python -m benchmarks.ops.plan --parts 4`)
 #     PART=2 bash benchmarks/gpu_run.sh      # part 2: no gate (inherits part 1's stamp, else deferred to the merge)
 #     PART=3 bash benchmarks/gpu_run.sh
 #     PART=4 bash benchmarks/gpu_run.sh
+#     PART=5 bash benchmarks/gpu_run.sh
 # On a two-GPU machine two parts may run at once, one per GPU (CUDA_VISIBLE_DEVICES=0/1, separate OUT), the
 # second started ~45 s after the first (both install the wheels into /tmp/site). The shared host then colours the
 # host-bound short rows.
 # Two parts beside each other need the device command's full 600 s: each runs ~430 s, the second starts 45 s
 # later, and a command killed at its limit returns only a few of its files (2026-11-30: a 480 s limit lost part 3).
-#     python benchmarks/merge.py .../summary-part1.json ... .../summary-part4.json --out-dir DIR
+#     python benchmarks/merge.py .../summary-part1.json ... .../summary-part5.json --out-dir DIR
 # or, unsplit (too long for one 10-minute command with every peer): bash benchmarks/gpu_run.sh
 # Installs the carried peer wheels into /tmp/site, runs the correctness gate and the shapes (bwd and fwdbwd; fwd on
 # the forward control) with the dispatch-vs-legacy A/B and all peers, then writes into $OUT:
@@ -30,7 +31,7 @@ T0=$(date +%s)
 OUT=${OUT:-$PWD/bench_out}
 mkdir -p "$OUT/logs"
 PART=${PART:-}
-PARTS=${PARTS:-4}
+PARTS=${PARTS:-5}
 GATE=${GATE:-auto}
 GATE_STAMP=${GATE_STAMP:-/tmp/fla_bwd-bench-gate.json}  # outside the tree: survives between commands on one machine
 if [ -n "$PART" ]; then

@@ -136,7 +136,12 @@ def measure_shape(op, shape, st: Settings, timer, device, budget: Budget, log=pr
         if st.ab:
             cands.append(C.ours(op_fn, op.call, inputs, shape, do, "legacy"))
         if mode in st.baseline_modes:
-            cands += [C.baseline(label, fn, op.call, inputs, shape, do) for label, fn in st.baselines]
+            for label, fn in st.baselines:
+                why = C.baseline_unsupported(fn, shape)  # a variant row's call may be newer than that package
+                if why is None:
+                    cands.append(C.baseline(label, fn, op.call, inputs, shape, do))
+                else:
+                    rec["skipped_peers"][label] = why
         fa3 = False
         for p in peers:
             why = P.unavailable(p) or P.unsupported(p, shape)

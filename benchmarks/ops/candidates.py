@@ -95,6 +95,30 @@ def load_baseline(path: str):
     return label, importlib.import_module(f"{name}.ops.attn").parallel_attn
 
 
+def baseline_unsupported(fn, shape) -> Optional[str]:
+    """None when an earlier commit's `parallel_attn` can make this row's call, else why not. Rows without the call's
+    variants always can (their call is the one it had). A variant needs its keyword in the package's signature
+    (`causal`, `softcap`, `return_lse`); a row with q shorter than k needs `cu_seqlens_k` (added with the packed
+    form of that call, after the dense one: a conservative sign that the package aligns a shorter q bottom-right, since
+    an older one might take such a q without an error and compute another function)."""
+    need = list(shape.call_kwargs())
+    if shape.Tq is not None and shape.Tq < shape.T:
+        need.append("cu_seqlens_k")
+    if not need:
+        return None
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return f"its parallel_attn's signature cannot be read: not timed on this row ({', '.join(shape.variants())})"
+    missing = [n for n in need if n not in params]
+    if missing:
+        return (f"its parallel_attn has no {', '.join(missing)}: not timed on this row "
+                f"({', '.join(shape.variants())})")
+    return None
+
+
 def baseline(label: str, fn, call, inputs: dict, shape, do) -> Candidate:
     """The earlier commit's op on the same inputs, timed interleaved as a peer (its default dispatch)."""
     return Candidate(name=label, forward=lambda: call(fn, inputs, shape), leaves=leaves_of(inputs), do=do,

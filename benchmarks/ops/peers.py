@@ -36,26 +36,63 @@ def _gated_flex(q, k, v, g, block_mask, enable_gqa):
     return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa)
 
 
-def _flex(gated: bool):
-    """torch.compile(dynamic=False) of flex_attention (or of the gated wrapper); one graph per shape."""
-    if gated not in _flex_fns:
+def _capped_flex(cap: float):
+    """Flex with logit soft-capping as a score_mod: cap * tanh(score / cap) on the scaled score (parallel_attn's
+    softcap); `cap` is a constant of the compiled graph."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def capped(q, k, v, block_mask, enable_gqa):
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return cap * torch.tanh(score / cap)
+
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa)
+
+    return capped
+
+
+def _flex(gated: bool, softcap: Optional[float] = None):
+    """torch.compile(dynamic=False) of flex_attention (or of the gated or soft-capped wrapper); one graph per
+    shape."""
+    key = (gated, softcap or None)
+    if key not in _flex_fns:
         import torch._dynamo
         from torch.nn.attention.flex_attention import flex_attention
 
         # one compiled graph per shape: lift dynamo's recompile limits so later shapes do not fall back to eager
-        for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
-                    "accumulated_recompile_limit"):
-            if hasattr(torch._dynamo.config, key):
-                setattr(torch._dynamo.config, key, max(getattr(torch._dynamo.config, key), 256))
-        _flex_fns[gated] = torch.compile(_gated_flex if gated else flex_attention, dynamic=False)
-    return _flex_fns[gated]
+        for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                     "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+        fn = _gated_flex if gated else _capped_flex(softcap) if softcap else flex_attention
+        _flex_fns[key] = torch.compile(fn, dynamic=False)
+    return _flex_fns[key]
+
+
+def flex_mask_mod(shape, doc=None):
+    """The row's visibility as a Flex mask_mod, or None where every query sees every key (causal=False, no window,
+    one sequence): causal (query i at key position T - Tq + i where q is shorter: bottom-right), within the window,
+    within the document `doc` (the packed token's sequence id)."""
+    W, causal, off = shape.W, shape.causal, shape.T - shape.q_len
+    if not causal and W is None and doc is None:
+        return None
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        pos = q_idx + off if off else q_idx
+        m = pos >= kv_idx if causal else None
+        if W is not None:
+            m = (pos - kv_idx < W) if m is None else m & (pos - kv_idx < W)
+        if doc is not None:
+            m = (doc[q_idx] == doc[kv_idx]) if m is None else m & (doc[q_idx] == doc[kv_idx])
+        return m
+
+    return mask_mod
 
 
 def _flex_candidate(shape, inputs, do) -> Candidate:
     from torch.nn.attention.flex_attention import create_block_mask
 
     q, k, v, g = inputs["q"], inputs["k"], inputs["v"], inputs.get("g")
-    W, T, dev = shape.W, q.shape[1], q.device
+    T, dev = k.shape[1], q.device
     doc = None
     if shape.varlen:
         cu = inputs["cu_seqlens"].long()
@@ -63,16 +100,10 @@ def _flex_candidate(shape, inputs, do) -> Candidate:
         doc[cu[1:-1]] = 1
         doc = doc.cumsum(0, dtype=torch.int32)  # document id of every packed token
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        m = q_idx >= kv_idx
-        if W is not None:
-            m = m & (q_idx - kv_idx < W)
-        if doc is not None:
-            m = m & (doc[q_idx] == doc[kv_idx])
-        return m
-
-    block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device=dev)
-    flex, gqa = _flex(g is not None), shape.G > 1
+    mask_mod = flex_mask_mod(shape, doc)
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, B=None, H=None, Q_LEN=q.shape[1],
+                                                                 KV_LEN=T, device=dev)
+    flex, gqa = _flex(g is not None, shape.softcap), shape.G > 1
 
     def forward():
         qt, kt, vt = (rearrange(x, "b t h d -> b h t d") for x in (q, k, v))  # views, as flex wants them
@@ -92,12 +123,12 @@ def _sdpa_candidate(backend_name, shape, inputs, do) -> Candidate:
 
     backend = getattr(SDPBackend, backend_name)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    gqa = shape.G > 1
+    gqa, causal = shape.G > 1, shape.causal  # `unsupported` keeps SDPA off softcap, lse and Tq < Tk rows
 
     def forward():
         with sdpa_kernel(backend):  # the backend's own backward node is recorded by this forward
             qt, kt, vt = (rearrange(x, "b t h d -> b h t d") for x in (q, k, v))
-            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
         return rearrange(o, "b h t d -> b t h d")
 
     tag = {"CUDNN_ATTENTION": "sdpa-cudnn", "FLASH_ATTENTION": "sdpa-fa2"}[backend_name]
@@ -110,6 +141,7 @@ def _fla_candidate(shape, inputs, do) -> Candidate:
 
     q, k, v, g, cu = inputs["q"], inputs["k"], inputs["v"], inputs.get("g"), inputs.get("cu_seqlens")
     sink = {"sink_bias": inputs["sink_bias"]} if inputs.get("sink_bias") is not None else {}  # FLA 0.6 has sinks
+    # `unsupported` keeps FLA 0.6 off every variant row (causal=False, softcap, return_lse, Tq < Tk): it has none
 
     def forward():
         return fla_parallel_attn(q, k, v, g=g, window_size=shape.W, cu_seqlens=cu, **sink)
@@ -203,6 +235,14 @@ def _to_jax(t: torch.Tensor):
         return jnp.asarray(host).astype(jnp.bfloat16 if t.dtype == torch.bfloat16 else jnp.float16)
 
 
+def fa3_config(shape) -> dict:
+    """The keyword arguments of FA3's `_flash_mha_fwd` / `_flash_mha_bwd` for the row. causal=False: is_causal=False
+    (W is None there); q shorter than k: FA3 aligns it bottom-right, as parallel_attn does; a return_lse row: FA3's
+    forward returns (o, lse) on every row. `unsupported` keeps it off softcap rows (the wheel passes softcap=0.0)."""
+    return dict(softmax_scale=1.0 / math.sqrt(shape.K), is_causal=shape.causal,
+                window_size=(-1, -1) if shape.W is None else (shape.W - 1, 0))
+
+
 def time_fa3(shape, inputs, do, mode: str, calls: int, repeats: int, warmup: int = 3) -> dict:
     """Median over `repeats` of the wall time of `calls` calls ended by block_until_ready, per call (us)."""
     import jax
@@ -212,8 +252,7 @@ def time_fa3(shape, inputs, do, mode: str, calls: int, repeats: int, warmup: int
 
     torch.cuda.synchronize()
     q, k, v, dout = (_to_jax(t) for t in (inputs["q"], inputs["k"], inputs["v"], do))
-    cfg = dict(softmax_scale=1.0 / math.sqrt(shape.K), is_causal=True,
-               window_size=(-1, -1) if shape.W is None else (shape.W - 1, 0))
+    cfg = fa3_config(shape)
     fwd = jax.jit(lambda q, k, v: flash._flash_mha_fwd(q, k, v, **cfg))
     bwd = jax.jit(lambda d, q, k, v, o, lse: flash._flash_mha_bwd(d, q, k, v, o, lse, **cfg))
 

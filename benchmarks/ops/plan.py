@@ -39,9 +39,10 @@ AB_S = {
     "g8-T2048-D128": 6.0, "ctl-fwd-g8-T8192": 4.0, "ctl-g16-T2048": 14.0, "ctl-fp32-g8-T2048": 20.0,
     "ctl-K128-V64-g8-T2048": 14.0, "ctl-mha-T2048": 6.0,
 }
-UNKNOWN_AB_S = 15.0  # a shape not in the table (custom, or added later)
+UNKNOWN_AB_S = 15.0  # a shape not in the table (custom, or added later: the "variants" rows, never timed yet)
 PEER_ROW_S = {"flex": 5.0, "fla": 3.0, "sdpa-cudnn": 1.0, "sdpa-fa2": 1.0, "fa3": 1.5}
-GATED_FLEX_EXTRA_S = 12.0  # score_mod compiles a larger graph: Flex setup 34-38 s gated, 7-10 s ungated (b0781de)
+GATED_FLEX_EXTRA_S = 12.0  # score_mod compiles a larger graph: Flex setup 34-38 s gated, 7-10 s ungated (b0781de);
+# assumed the same for the softcap rows' score_mod (not measured)
 ONCE_S = {"flex": 12.0, "flex-gated": 10.0, "fa3": 8.0, "fla": 2.0}
 SAFETY = 1.25
 FIXED_S = 45.0
@@ -67,7 +68,7 @@ def shape_estimate(shape, peers=PEERS) -> float:
     frac = min(frac, 1.0)
     cost = 0.0
     for p in peers_for(shape, peers):
-        cost += PEER_ROW_S[p] + (GATED_FLEX_EXTRA_S if p == "flex" and shape.gated else 0.0)
+        cost += PEER_ROW_S[p] + (GATED_FLEX_EXTRA_S if p == "flex" and (shape.gated or shape.softcap) else 0.0)
     return round(SAFETY * (base + frac * cost), 1)
 
 

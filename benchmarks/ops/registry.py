@@ -56,11 +56,17 @@ def _varlen_post_init(shape: Shape, inputs: dict, device) -> None:
 
 
 def _call_parallel_attn(fn, inputs: dict, shape: Shape):
-    """The op on the row's inputs; `sink_bias` only where the row has one (the calls of other rows stay as they
-    were, for an earlier commit's package too)."""
-    sink = {"sink_bias": inputs["sink_bias"]} if inputs.get("sink_bias") is not None else {}
-    return fn(inputs["q"], inputs["k"], inputs["v"], g=inputs.get("g"), scale=None, window_size=shape.W,
-              cu_seqlens=inputs.get("cu_seqlens"), **sink)
+    """The op on the row's inputs; `sink_bias`, `causal=False`, `softcap` and `return_lse=True` only where the row
+    has them (`Shape.call_kwargs`: the calls of other rows stay as they were, for an earlier commit's package too).
+    A return_lse row's call returns (o, lse): o is the output the timed loss uses. A Tq row's q is simply shorter."""
+    extra = {"sink_bias": inputs["sink_bias"]} if inputs.get("sink_bias") is not None else {}
+    extra.update(shape.call_kwargs())
+    out = fn(inputs["q"], inputs["k"], inputs["v"], g=inputs.get("g"), scale=None, window_size=shape.W,
+             cu_seqlens=inputs.get("cu_seqlens"), **extra)
+    if shape.lse:
+        o, _lse = out
+        return o
+    return out
 
 
 OPS = {
@@ -69,7 +75,7 @@ OPS = {
         module="fla_bwd.ops.attn",
         attr="parallel_attn",
         tensors=(
-            TensorSpec("q", lambda s: (s.B, s.T, s.HQ, s.K)),
+            TensorSpec("q", lambda s: (s.B, s.q_len, s.HQ, s.K)),  # Tq rows: the last Tq queries
             TensorSpec("k", lambda s: (s.B, s.T, s.H, s.K)),
             TensorSpec("v", lambda s: (s.B, s.T, s.H, s.V)),
             TensorSpec("g", lambda s: (s.B, s.T, s.HQ), dtype="fp32", transform="logsigmoid",
@@ -82,6 +88,7 @@ OPS = {
         constraints=(
             lambda s: None if s.HQ % s.H == 0 else "HQ must be a multiple of H",
             lambda s: None if not s.varlen or s.B == 1 else "packed varlen needs B == 1",
+            lambda s: None if s.causal or not s.gated else "a gate needs causal=True",
         ),
         post_init=_varlen_post_init,
         call=_call_parallel_attn,
@@ -172,6 +179,20 @@ SHAPES = [
     _s("gqa4-long-sink", 2, 2048, 32, 8, 128, sink=True, group="fastpath", twin="gqa4-long"),
     _s("g8-T8192-sink", 1, 8192, 32, 4, 128, sink=True, group="fastpath", twin="g8-T8192"),
     _s("gqa4-long-D256", 2, 2048, 32, 8, 256, group="fastpath"),
+    # the call's variants (causal=False, softcap, return_lse, queries shorter than keys), each beside its twin (the
+    # same call without the variant). Appended last: every row above keeps its priority, its call and its FLOPs.
+    _s("g8-T4096-noncausal", 1, 4096, 32, 4, 128, causal=False, group="variants", twin="g8-T4096",
+       note="causal=False: every query sees all 4096 keys (2x the causal pairs, less the diagonal)"),
+    _s("mha-long-softcap", 2, 2048, 32, 32, 128, softcap=30.0, group="variants", twin="mha-long",
+       note="softcap=30.0: the twin's pairs"),
+    _s("g8-T8192-softcap", 1, 8192, 32, 4, 128, softcap=30.0, group="variants", twin="g8-T8192",
+       note="softcap=30.0: the twin's pairs"),
+    _s("gqa4-long-lse", 2, 2048, 32, 8, 128, lse=True, group="variants", twin="gqa4-long",
+       note="return_lse=True: (o, lse), the loss on o alone"),
+    _s("g8-T8192-lse", 1, 8192, 32, 4, 128, lse=True, group="variants", twin="g8-T8192",
+       note="return_lse=True: (o, lse), the loss on o alone"),
+    _s("g8-Tq1024-Tk8192", 1, 8192, 32, 4, 128, Tq=1024, group="variants", twin="g8-T8192",
+       note="the last 1024 queries of 8192 keys (bottom-right)"),
 ]
 
 # CPU/interpreter self-test shapes (not performance numbers)

@@ -32,8 +32,8 @@ def parse_args(argv):
     p.add_argument("--op", default="parallel_attn", help="registered op (default parallel_attn)")
     p.add_argument("--shapes", default=None, help="comma-separated names, group:NAME, or all (default: all)")
     p.add_argument("--custom", action="append", default=[], metavar="SPEC",
-                   help="extra shape B=1,T=1024,HQ=32,H=4,D=128[,W=512][,gated][,sink][,varlen][,fp16|fp32]; "
-                        "repeatable")
+                   help="extra shape B=1,T=1024,HQ=32,H=4,D=128[,W=512][,gated][,sink][,varlen][,fp16|fp32]"
+                        "[,noncausal][,SOFTCAP=30][,lse][,TQ=256]; repeatable")
     p.add_argument("--modes", default=None, help="comma-separated subset of fwd,bwd,fwdbwd (default: per shape)")
     p.add_argument("--ab", action="store_true", help="A/B: dkv_path('auto') against the forced legacy dK/dV path")
     p.add_argument("--peers", default="", help="comma-separated flex,sdpa-cudnn,sdpa-fa2,fla,fa3 | all | none")

@@ -4,6 +4,7 @@
 Pure Python (no torch) so the CLI can validate names before anything heavy is imported.
 """
 
+import math
 import random
 from dataclasses import dataclass, field, replace
 from typing import Optional
@@ -42,13 +43,47 @@ class Shape:
     twin: str = ""  # the registered row our time is compared with (the same work without the feature), "" none
     note: str = ""
     tags: tuple = field(default_factory=tuple)
+    # The call's variants (appended last, defaults = the call as before they existed; a row that sets none of them
+    # calls parallel_attn, describes itself and counts its pairs exactly as before):
+    causal: bool = True  # False: causal=False, every query sees every key of its sequence (then no W: a window
+    #                      without causality is a (left, right) pair, not representable here)
+    softcap: Optional[float] = None  # softcap=c: scores c * tanh(scale * q.k / c); adds no pair (FLOPs unchanged)
+    lse: bool = False  # return_lse=True: the call returns (o, lse); the timed loss still uses o alone
+    Tq: Optional[int] = None  # queries shorter than keys: q [B, Tq, HQ, K] against k, v [B, T, H, *], bottom-right
+    #                           (query i at key position T - Tq + i); None: q as long as k
 
     @property
     def G(self) -> int:
         return self.HQ // self.H
 
+    @property
+    def q_len(self) -> int:
+        """q's length: Tq where set, else T."""
+        return self.T if self.Tq is None else self.Tq
+
+    def call_kwargs(self) -> dict:
+        """The keyword arguments of parallel_attn's variants this row passes (only those it sets: every other row's
+        call stays the call of a package older than them)."""
+        kw = {}
+        if not self.causal:
+            kw["causal"] = False
+        if self.softcap:
+            kw["softcap"] = self.softcap
+        if self.lse:
+            kw["return_lse"] = True
+        return kw
+
+    def variants(self) -> list:
+        """The call's variants this row uses, as words (`[]` for every row registered before them)."""
+        out = ["non-causal"] if not self.causal else []
+        out += [f"softcap {self.softcap:g}"] if self.softcap else []
+        out += ["return_lse"] if self.lse else []
+        out += [f"Tq {self.Tq} < Tk {self.T}"] if self.Tq is not None and self.Tq < self.T else []
+        return out
+
     def describe(self) -> str:
-        s = f"B{self.B} T{self.T} HQ{self.HQ} H{self.H} "
+        t = f"T{self.T}" if self.Tq is None else f"Tq{self.Tq} Tk{self.T}"
+        s = f"B{self.B} {t} HQ{self.HQ} H{self.H} "
         s += f"D{self.K}" if self.K == self.V else f"K{self.K} V{self.V}"
         if self.W:
             s += f" W{self.W}"
@@ -56,6 +91,12 @@ class Shape:
             s += " gated"
         if self.sink:
             s += " sink"
+        if not self.causal:
+            s += " non-causal"
+        if self.softcap:
+            s += f" softcap{self.softcap:g}"
+        if self.lse:
+            s += " lse"
         if self.varlen:
             s += f" varlen(N={len(self.seqlens())})"
         return s + f" {self.dtype}"
@@ -67,6 +108,15 @@ class Shape:
                  describe=self.describe())
         if self.varlen:
             d["seqlens"] = self.seqlens()
+        # the variants only where set: every earlier row's record keeps its keys
+        if not self.causal:
+            d["causal"] = False
+        if self.softcap:
+            d["softcap"] = self.softcap
+        if self.lse:
+            d["lse"] = True
+        if self.Tq is not None:
+            d["Tq"] = self.Tq
         return d
 
     def seqlens(self) -> list:
@@ -79,8 +129,11 @@ class Shape:
         return unequal_split(self.T, n, self.seed)
 
     def pairs(self) -> int:
-        """Visible (query, key) pairs of the whole batch, counted exactly."""
-        return sum(visible_pairs(n, self.W) for n in self.seqlens())
+        """Visible (query, key) pairs of the whole batch, counted exactly (non-causal: every query with every key of
+        its sequence; Tq: the last Tq queries' pairs only)."""
+        if self.causal and self.Tq is None:
+            return sum(visible_pairs(n, self.W) for n in self.seqlens())
+        return sum(visible_pairs(n, self.W, causal=self.causal, tq=self.Tq) for n in self.seqlens())
 
     def fwd_flops(self) -> int:
         # two matmuls per visible pair and query head: QK^T (2K flops) and PV (2V flops); 4*D*pairs when K == V
@@ -109,6 +162,19 @@ class Shape:
             raise ShapeError(f"shape {self.name!r}: nseq={self.nseq} but {len(self.lens)} lens given")
         if self.twin == self.name:
             raise ShapeError(f"shape {self.name!r}: a row cannot be its own twin")
+        if not self.causal and self.W is not None:
+            raise ShapeError(f"shape {self.name!r}: a window without causality is a (left, right) pair, which a "
+                             "registry row does not describe (W must be None with causal=False)")
+        if not self.causal and self.gated:
+            raise ShapeError(f"shape {self.name!r}: a forget gate needs causal=True")
+        if self.softcap is not None and not (self.softcap > 0 and math.isfinite(self.softcap)):
+            raise ShapeError(f"shape {self.name!r}: softcap must be a positive finite number (None: off), "
+                             f"got {self.softcap}")
+        if self.Tq is not None:
+            if not 1 <= self.Tq <= self.T:
+                raise ShapeError(f"shape {self.name!r}: Tq must be in 1..T={self.T}, got {self.Tq}")
+            if self.varlen:
+                raise ShapeError(f"shape {self.name!r}: Tq with packed varlen (cu_seqlens_k) is not wired")
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ShapeError(f"shape {self.name!r}: unknown mode(s) {bad}; modes are {MODES}")
@@ -118,19 +184,31 @@ class Shape:
         return replace(self, modes=tuple(modes))
 
 
-def visible_pairs(n: int, window: Optional[int] = None) -> int:
-    """Causal pairs (i >= j) of one length-n sequence, restricted to i - j < window when a window is given."""
+def visible_pairs(n: int, window: Optional[int] = None, causal: bool = True, tq: Optional[int] = None) -> int:
+    """Causal pairs (i >= j) of one length-n sequence, restricted to i - j < window when a window is given.
+
+    `tq`: only the last tq queries (positions n - tq .. n - 1: bottom-right); a query's pairs depend only on its
+    position, so theirs are all n queries' pairs less the first n - tq queries'. `causal=False`: every query sees
+    all n keys (no window)."""
+    if tq is not None and not 0 <= tq <= n:
+        raise ValueError(f"tq={tq} must be in 0..n={n}")
+    if not causal:
+        if window is not None:
+            raise ValueError("a non-causal window is a (left, right) pair: not counted here")
+        return (n if tq is None else tq) * n
+    if tq is not None:
+        return visible_pairs(n, window) - visible_pairs(n - tq, window)
     if window is None or window >= n:
         return n * (n + 1) // 2
     return window * (window + 1) // 2 + (n - window) * window
 
 
-def brute_force_pairs(seqlens, window: Optional[int] = None) -> int:
-    """O(T^2) reference count, for tests."""
+def brute_force_pairs(seqlens, window: Optional[int] = None, causal: bool = True, tq: Optional[int] = None) -> int:
+    """O(T^2) reference count, for tests (tq: the last tq queries; causal=False: every key, no window)."""
     total = 0
     for n in seqlens:
-        for i in range(n):
-            for j in range(i + 1):
+        for i in range(n - (n if tq is None else tq), n):
+            for j in range(i + 1 if causal else n):
                 if window is None or i - j < window:
                     total += 1
     return total
@@ -164,12 +242,13 @@ def cu_seqlens_list(seqlens) -> list:
     return out
 
 
-_CUSTOM_KEYS = {"B", "T", "HQ", "H", "D", "K", "V", "W", "N", "SEED"}
-_CUSTOM_FLAGS = {"gated", "sink", "varlen", "bf16", "fp16", "fp32"}
+_CUSTOM_KEYS = {"B", "T", "HQ", "H", "D", "K", "V", "W", "N", "SEED", "TQ", "SOFTCAP"}
+_CUSTOM_FLAGS = {"gated", "sink", "varlen", "noncausal", "lse", "bf16", "fp16", "fp32"}
 
 
 def parse_custom(spec: str, name: str = "custom") -> Shape:
-    """Parse `B=1,T=1024,HQ=32,H=4,D=128[,W=512][,gated][,sink][,varlen][,fp16|fp32][,N=4][,SEED=0]`."""
+    """Parse `B=1,T=1024,HQ=32,H=4,D=128[,W=512][,gated][,sink][,varlen][,fp16|fp32][,N=4][,SEED=0]` and the call's
+    variants `[,noncausal][,SOFTCAP=30][,lse][,TQ=256]` (T is then k's length)."""
     vals, flags = {}, set()
     for raw in spec.split(","):
         item = raw.strip()
@@ -181,9 +260,10 @@ def parse_custom(spec: str, name: str = "custom") -> Shape:
             if key not in _CUSTOM_KEYS:
                 raise ShapeError(f"custom shape {spec!r}: unknown key {key!r} (keys: {sorted(_CUSTOM_KEYS)})")
             try:
-                vals[key] = int(val)
+                vals[key] = float(val) if key == "SOFTCAP" else int(val)
             except ValueError:
-                raise ShapeError(f"custom shape {spec!r}: {key} needs an integer, got {val!r}") from None
+                kind = "a number" if key == "SOFTCAP" else "an integer"
+                raise ShapeError(f"custom shape {spec!r}: {key} needs {kind}, got {val!r}") from None
         elif item.lower() in _CUSTOM_FLAGS:
             flags.add(item.lower())
         else:
@@ -201,14 +281,23 @@ def parse_custom(spec: str, name: str = "custom") -> Shape:
         K=vals.get("K", vals.get("D")), V=vals.get("V", vals.get("D")), W=vals.get("W"),
         gated="gated" in flags, sink="sink" in flags, varlen="varlen" in flags, nseq=vals.get("N", 0),
         seed=vals.get("SEED", 0), dtype=dtypes[0] if dtypes else "bf16", group="custom",
+        causal="noncausal" not in flags, softcap=vals.get("SOFTCAP"), lse="lse" in flags, Tq=vals.get("TQ"),
     ).validate()
 
 
 def unsupported(peer: str, shape) -> Optional[str]:
     """None when the peer computes this shape's function, else why not."""
+    softcap, lse = getattr(shape, "softcap", None), getattr(shape, "lse", False)
+    causal, tq = getattr(shape, "causal", True), getattr(shape, "Tq", None)
     if peer in ("sdpa-cudnn", "sdpa-fa2"):
         if shape.W is not None or shape.gated or shape.varlen or shape.sink:
             return "SDPA has no sliding window / gate / packed varlen / attention sink"
+        if softcap:
+            return "SDPA has no logit softcap"
+        if lse:
+            return "SDPA returns no logsumexp (return_lse)"
+        if tq is not None and tq < shape.T:
+            return "SDPA's is_causal aligns a shorter q top-left, not bottom-right (an explicit mask: not wired)"
         if shape.dtype == "fp32":
             return ("cuDNN attention" if peer == "sdpa-cudnn" else "FlashAttention-2") + " is fp16/bf16 only"
         if peer == "sdpa-fa2" and shape.K != shape.V:
@@ -222,8 +311,26 @@ def unsupported(peer: str, shape) -> Optional[str]:
             return "the flash_attn3_jax wheel has no attention sink"
         if shape.varlen:
             return "FA3 varlen not wired in this harness"
+        if softcap:
+            return "the flash_attn3_jax wheel takes no softcap (its lowering passes softcap=0.0)"
         if shape.dtype == "fp32":
             return "FA3 is fp16/bf16 only"
-    if peer == "flex" and shape.sink:
-        return "Flex has no sink logit (a logsumexp rescale of its output could add one: not wired)"
+        # causal=False (is_causal=False), return_lse (its forward always returns lse) and Tq < Tk (FA3 aligns a
+        # shorter q bottom-right, as parallel_attn does) are FA3's own calls
+    if peer == "flex":
+        if shape.sink:
+            return "Flex has no sink logit (a logsumexp rescale of its output could add one: not wired)"
+        if lse:
+            return "Flex's lse output (return_lse / return_aux, by torch version) is not wired"
+        if softcap and shape.gated:
+            return "Flex with a softcap and a gate together is not wired"
+    if peer == "fla":
+        if not causal:
+            return "FLA 0.6's parallel_attn is causal only"
+        if softcap:
+            return "FLA 0.6's parallel_attn has no softcap"
+        if lse:
+            return "FLA 0.6's parallel_attn has no return_lse"
+        if tq is not None and tq < shape.T:
+            return "FLA 0.6's parallel_attn needs q as long as k"
     return None

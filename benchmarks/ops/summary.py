@@ -26,12 +26,13 @@ RECORDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 # Row kinds, derived from the shape alone (first rule that applies), in the answer table's column order.
 SHORT_T = 512
-KINDS = ("dense GQA", "MHA", f"short (T<={SHORT_T})", "windowed", "gated", "sink", "varlen", "fp32")
+KINDS = ("dense GQA", "MHA", f"short (T<={SHORT_T})", "windowed", "gated", "sink", "variant", "varlen", "fp32")
 KIND_RULES = {
     "fp32": "fp32 inputs (a control: most peers are fp16/bf16 only)",
     "varlen": "packed variable-length batch (gated or not)",
     "gated": "forget gate, dense",
     "sink": "attention sink, dense",
+    "variant": "the call's variants: causal=False, softcap, return_lse, queries shorter than keys",
     "windowed": "sliding window",
     f"short (T<={SHORT_T})": f"dense causal, T <= {SHORT_T} (host-bound)",
     "MHA": "dense causal, G = 1",
@@ -42,8 +43,8 @@ MODE_TITLES = {"bwd": "backward alone", "fwdbwd": "forward + backward", "fwd": "
 
 
 def row_kind(shape: dict) -> str:
-    """The row's kind from its shape record (`Shape.as_dict()`): fp32, varlen, gated, sink, windowed, short, MHA or
-    GQA."""
+    """The row's kind from its shape record (`Shape.as_dict()`): fp32, varlen, gated, sink, variant (a record with
+    `causal`, `softcap`, `lse` or `Tq`: only variant rows carry them), windowed, short, MHA or GQA."""
     if shape.get("dtype") == "fp32":
         return "fp32"
     if shape.get("varlen"):
@@ -52,6 +53,8 @@ def row_kind(shape: dict) -> str:
         return "gated"
     if shape.get("sink"):
         return "sink"
+    if shape.get("causal") is False or shape.get("softcap") or shape.get("lse") or shape.get("Tq") is not None:
+        return "variant"
     if shape.get("W"):
         return "windowed"
     if shape.get("T", 0) <= SHORT_T:

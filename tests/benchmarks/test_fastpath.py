@@ -39,7 +39,7 @@ def small(s: Shape) -> Shape:
 
 
 def test_new_rows_registered_last_in_their_group_and_valid():
-    names = [s.name for s in registry.SHAPES]
+    names = [s.name for s in registry.SHAPES if s.group != "variants"]  # the call's variants come after them
     assert names[-len(NEW_ROWS):] == list(NEW_ROWS)  # appended: the earlier rows keep their priority
     for name, (B, T, HQ, H, D, lens, sink, twin) in NEW_ROWS.items():
         s = OP.check(registry.get_shape(name))

@@ -27,7 +27,7 @@ COMMIT = "ab6efdcd692e1fd5cf04c6079faef679a718b6d1"
 
 
 # ------------------------------------------------------------------ plan
-@pytest.mark.parametrize("parts", [3, 4])
+@pytest.mark.parametrize("parts", [3, 4, 5])
 def test_split_covers_every_shape_once_and_is_deterministic(parts):
     plan_ = plan.split(parts=parts)
     names = [s.name for p in plan_ for s in p]
@@ -47,8 +47,16 @@ def test_two_parts_are_flagged_over_the_command_limit():
     assert "OVER the 540 s limit" in text.splitlines()[1] and "OVER" not in plan.describe(3)
 
 
-def test_default_four_parts_leave_headroom_and_balance():
-    est = [plan.part_estimate(p, k) for k, p in enumerate(plan.split(parts=4), 1)]  # gpu_run.sh's PARTS
+def gpu_run_parts() -> int:
+    """gpu_run.sh's default PARTS."""
+    with open(os.path.join(REPO, "benchmarks", "gpu_run.sh")) as f:
+        return int(re.search(r"^PARTS=\$\{PARTS:-(\d+)\}$", f.read(), re.M).group(1))
+
+
+def test_default_parts_leave_headroom_and_balance():
+    parts = gpu_run_parts()
+    assert parts == 5  # four stopped leaving headroom with the "variants" rows
+    est = [plan.part_estimate(p, k) for k, p in enumerate(plan.split(parts=parts), 1)]
     assert max(est) <= 0.75 * plan.COMMAND_LIMIT_S  # the runner's own budget (TOTAL - ~100 s) must not bite
     assert max(est) - min(est) < 60
     assert plan.parse_part("2/3") == (2, 3)
