@@ -247,6 +247,33 @@ def test_bitwise_repeatable_and_auto_takes_it(monkeypatch):
 
 
 @needs_hopper
+@pytest.mark.parametrize("kw", [dict(), dict(window_size=300), dict(window_right=-1), dict(gate=True),
+                                dict(gate=True, window_size=200), dict(sink=True)],
+                         ids=["causal", "W300", "noncausal", "gated", "gated-W200", "sink"])
+def test_rounds_as_the_triton_forward(kw, monkeypatch):
+    """o, lse and o_lo bitwise the Triton forward's (what containment needs: the Triton FIXUP launch recomputes a
+    flagged tile, whose finite rows must be the clean run's), for the rounding each choice of `_softmax` makes."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")  # a gated forward then makes o_lo (five products need it)
+    B, T, HQ, H, D = 2, 1024, 8, 2, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, T, n, D, generator=gen, device="cuda", dtype=bf16) for n in (HQ, H, H))
+    g = (torch.nn.functional.logsigmoid(torch.randn(B, T, HQ, generator=gen, device="cuda") + 4)
+         if kw.get("gate") else None)
+    sink = torch.randn(HQ, generator=gen, device="cuda") if kw.get("sink") else None
+    out = {}
+    for kernel in ("triton", "hopper"):
+        with fwd_kernel(kernel), ds_kernel("hopper"):
+            o, lse, _, o_lo, _, _ = host.forward(q, k, v, g, sink, None, D ** -0.5, kw.get("window_size", 0),
+                                                 for_backward=True, window_right=kw.get("window_right"))
+            out[kernel] = (o, lse, o_lo)
+    for name, a, b in zip(("o", "lse", "o_lo"), out["triton"], out["hopper"]):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
+
+
+@needs_hopper
 @pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan), ("q", math.inf)],
                          ids=["q_nan", "k_inf", "v_nan", "q_inf"])
