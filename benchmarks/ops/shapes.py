@@ -61,16 +61,25 @@ class Shape:
         """q's length: Tq where set, else T."""
         return self.T if self.Tq is None else self.Tq
 
+    def variant_fields(self) -> dict:
+        """The variant fields this row sets, by name (`{}` for every row registered before them)."""
+        d = {}
+        if not self.causal:
+            d["causal"] = False
+        if self.softcap:
+            d["softcap"] = self.softcap
+        if self.lse:
+            d["lse"] = True
+        if self.Tq is not None:
+            d["Tq"] = self.Tq
+        return d
+
     def call_kwargs(self) -> dict:
         """The keyword arguments of parallel_attn's variants this row passes (only those it sets: every other row's
-        call stays the call of a package older than them)."""
-        kw = {}
-        if not self.causal:
-            kw["causal"] = False
-        if self.softcap:
-            kw["softcap"] = self.softcap
-        if self.lse:
-            kw["return_lse"] = True
+        call stays the call of a package older than them); a shorter q is in q's shape, not an argument."""
+        kw = {k: v for k, v in self.variant_fields().items() if k != "Tq"}
+        if "lse" in kw:
+            kw["return_lse"] = kw.pop("lse")
         return kw
 
     def variants(self) -> list:
@@ -108,15 +117,7 @@ class Shape:
                  describe=self.describe())
         if self.varlen:
             d["seqlens"] = self.seqlens()
-        # the variants only where set: every earlier row's record keeps its keys
-        if not self.causal:
-            d["causal"] = False
-        if self.softcap:
-            d["softcap"] = self.softcap
-        if self.lse:
-            d["lse"] = True
-        if self.Tq is not None:
-            d["Tq"] = self.Tq
+        d.update(self.variant_fields())  # the variants only where set: every earlier row's record keeps its keys
         return d
 
     def seqlens(self) -> list:
