@@ -313,13 +313,13 @@ def test_interpreter_never_reads_the_launch_internals(monkeypatch):
 def _internals_unavailable(m: pytest.MonkeyPatch) -> None:
     """Every internal of Triton made unavailable to the launch path, as on a Triton `triton_private` does not
     recognise: no direct launcher, no 3.6 descriptor launcher, no allocator variable, hooks of unknown shape."""
-    from fla_bwd.ops.attn import gluon_dkv
+    from fla_bwd.ops.utils import descriptor_launch
 
     m.setattr(triton_private, "direct_launcher", lambda kernel, compiled: None)
     m.setattr(triton_private, "descriptor_launcher", lambda run: None)
     m.setattr(triton_private, "_allocator_var", lambda: None)
     m.setattr(launch, "_hooks_empty", lambda: False)
-    m.setattr(gluon_dkv, "descriptor_launcher", lambda run: None)  # imported by name there
+    m.setattr(descriptor_launch, "descriptor_launcher", lambda run: None)  # imported by name there
 
 
 # (B, T, HQ, H, D, gate, window, sink, cu_seqlens, dq path): forward + backward of each through both paths
