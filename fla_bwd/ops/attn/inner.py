@@ -526,7 +526,7 @@ def dkv_block(
     if MASK and SAFE:
         # Keep a non-finite query row (q, dO, or the lse/delta of a row that depends on one) out of the keys that
         # cannot see it, where 0 * NaN = NaN: zero the bad q and dO rows (q is already used by s^T) and mask P^T
-        # and dS^T after the arithmetic. A bad q row or lse already makes its visible P^T entries NaN; a bad dO
+        # and dS^T's factor dP^T - delta. A bad q row or lse already makes its visible P^T entries NaN; a bad dO
         # row does not (it is zeroed), so its flag is added to them. A NaN delta must reach dS^T but not P^T (dv
         # does not depend on it), hence the second mask; a bad v row only reaches its own key's dP^T row.
         b_q, _ = finite_rows(b_q)
@@ -535,9 +535,10 @@ def dkv_block(
         b_pt = tl.where(m_vis, b_pt + b_zdo[None, :], 0)
     b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=DOT_PREC)
     b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PREC)
-    b_dst = b_pt * (b_dpt - b_delta[None, :])
-    if MASK and SAFE:
-        b_dst = tl.where(m_vis, b_dst, 0)
+    if MASK and SAFE:  # masks a factor, not the product: the dgk sums then fuse to fma as FLAG's do (bitwise FLAG)
+        b_dst = b_pt * tl.where(m_vis, b_dpt - b_delta[None, :], 0)
+    else:
+        b_dst = b_pt * (b_dpt - b_delta[None, :])
     # [BT, BS] dS of the q.k products: what dK (here, or from the stored tiles) and dQ take
     b_dsc = capped(b_dst, b_tt, SOFTCAP=SOFTCAP)
     if SOFTCAP and MASK and SAFE:  # t of a non-finite q or k is NaN: keep it out of the masked zeros
