@@ -110,10 +110,10 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
 
 
 def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool = False, sink: bool = False,
-                            o_lo: bool = False, lse_out: bool = False):
+                            o_lo: bool = False, lse_out: bool = False, packed: bool = False):
     """The Gluon forward (`gluon_fwd.parallel_attn_fwd_kernel_hopper`) for sm_90 at HQ = 32, G = 4, with the pointer
     types its launches pass: causal (W a runtime int) or not (None), and the gate, the sink, o_lo and the user's lse
-    each there or None."""
+    each there or None; packed: cu_seqlens and chunk_indices int32 pointers, else None."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import fla_bwd.ops.attn.gluon_fwd as GF
@@ -121,8 +121,8 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
     fn = GF.parallel_attn_fwd_kernel_hopper
     e = TYPES[dtype]
     sig = dict(q_desc=f"tensordesc<{e}[64, 128],{GF.Q_SMEM.value!r}>", k_desc=f"tensordesc<{e}[128, 128],"
-               f"{GF.KV_SMEM.value!r}>", lse="*fp32", nonfinite="*i8", B="i32", T="i32", scale="fp32")
-    sig.update(v_desc=sig["k_desc"], o_desc=sig["q_desc"])
+               f"{GF.KV_SMEM.value!r}>", lse="*fp32", nonfinite="*i8", B="i32", T="i32", NT="i32", scale="fp32")
+    sig.update(v_desc=sig["k_desc"], o="*" + e)
     values = dict(HQ=32, G=4)
     if causal:
         sig["W"] = "i32"
@@ -132,7 +132,8 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
         sig.update(gc_desc=f"tensordesc<fp32[128],{GF.ROW_SMEM.value!r}>", gc="*fp32")
     else:
         values.update(gc_desc=None, gc=None)
-    for name, on, ty in (("sink_bias", sink, "*fp32"), ("o_lo", o_lo, "*i8"), ("lse_out", lse_out, "*fp32")):
+    for name, on, ty in (("sink_bias", sink, "*fp32"), ("o_lo", o_lo, "*i8"), ("lse_out", lse_out, "*fp32"),
+                         ("cu_seqlens", packed, "*i32"), ("chunk_indices", packed, "*i32")):
         if on:
             sig[name] = ty
         else:
@@ -140,14 +141,17 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
     names = fn.arg_names
     signature = {n: sig.get(n, "constexpr") for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("lse", "nonfinite") + (("gc",) if gated else ())}
+    aligned = ("o", "lse", "nonfinite") + (("gc",) if gated else ())
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     return triton.compile(GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=GF.NUM_WARPS))
 
 
-# The Gluon forward's forms that --hopper-fwd compiles: (causal, gated, sink, o_lo, lse_out)
-HOPPER_FWD_FORMS = ((True, False, False, False, False), (False, False, False, False, False),
-                    (True, True, False, True, False), (True, False, True, False, True), (True, True, True, True, True))
+# The Gluon forward's forms that --hopper-fwd compiles: (causal, gated, sink, o_lo, lse_out, packed)
+HOPPER_FWD_FORMS = ((True, False, False, False, False, False), (False, False, False, False, False, False),
+                    (True, True, False, True, False, False), (True, False, True, False, True, False),
+                    (True, True, True, True, True, False), (True, False, False, False, False, True),
+                    (True, False, True, False, True, True))
 
 
 def _nvidia_tool(name: str) -> str:

@@ -74,16 +74,25 @@ def test_out_of_scope_calls_say_why():
                         (dict(B=2**21, T=1024), "B * T")]:
             assert why in dispatch.hopper_fwd_why_not(_shape(device=cuda, **kw), cuda, True), kw
         assert "16-byte aligned" in dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, False)
+        # Packed (B = 1): sequences of any length, causal only, every query.
+        def packed(**kw):
+            return _shape(**dict(dict(device=cuda, B=1, T=1000, W=1000), **kw))
+
+        assert dispatch.hopper_fwd_why_not(packed(), cuda, True, dense=False) is None
+        assert dispatch.hopper_fwd_why_not(packed(W=64, sink_dtype=bf16), cuda, True, dense=False) is None
+        assert "causal attention only" in dispatch.hopper_fwd_why_not(packed(WR=1000), cuda, True, False)
+        assert "tail queries" in dispatch.hopper_fwd_why_not(packed(QP=True), cuda, True, False)
+        assert "packed with a gate" in dispatch.hopper_fwd_why_not(packed(g_dtype=torch.float32), cuda, True, False)
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(W=256), dict(WR=2048), dict(g_dtype=torch.float32),
                                 dict(sink_dtype=torch.float32)], ids=["causal", "window", "noncausal", "gate", "sink"])
 def test_dispatch(kw, monkeypatch):
     """Where the kernel can run (faked on here): "auto" (from `config.HOPPER_FWD_MIN_T` on) and "hopper" take it,
-    "triton" never; packed calls, inline
-    containment (it is a FLAG launch) and inputs TMA cannot read keep Triton under "auto" and make a forced
-    "hopper" raise."""
-    monkeypatch.setattr(dispatch, "hopper_fwd_why_not", lambda s, device, aligned: None if aligned else "unaligned")
+    "triton" never, dense or packed; inline containment (it is a FLAG launch) and inputs TMA cannot read keep Triton
+    under "auto" and make a forced "hopper" raise."""
+    monkeypatch.setattr(dispatch, "hopper_fwd_why_not",
+                        lambda s, device, aligned, dense=True: None if aligned else "unaligned")
     s = _shape(**kw)
     assert dispatch.forward_kernel(s, True, True, "auto", False)[0]
     assert dispatch.forward_kernel(s, True, True, "hopper", False)[0]
@@ -92,13 +101,12 @@ def test_dispatch(kw, monkeypatch):
     hopper, why = dispatch.forward_kernel(short, True, True, "auto", False)  # below config.HOPPER_FWD_MIN_T
     assert not hopper and "T = 1024 < 2048" in why, why
     assert dispatch.forward_kernel(short, True, True, "hopper", False)[0]
-    for dense, aligned, inline, match in [(False, True, False, "dense calls only"),
-                                          (True, True, True, "contains NaN/Inf inline"),
-                                          (True, False, False, "unaligned")]:
-        hopper, why = dispatch.forward_kernel(s, dense, aligned, "auto", inline)
+    assert dispatch.forward_kernel(s, False, True, "auto", False)[0]  # packed
+    for aligned, inline, match in [(True, True, "contains NaN/Inf inline"), (False, False, "unaligned")]:
+        hopper, why = dispatch.forward_kernel(s, True, aligned, "auto", inline)
         assert not hopper and match in why
         with pytest.raises(ValueError, match=f"forward kernel 'hopper'.*{match}"):
-            dispatch.forward_kernel(s, dense, aligned, "hopper", inline)
+            dispatch.forward_kernel(s, True, aligned, "hopper", inline)
 
 
 def test_select_forward_says_why(monkeypatch):
@@ -113,10 +121,10 @@ def test_select_forward_says_why(monkeypatch):
     assert route.explain().startswith("forward kernel: ")
     if not HOPPER:
         assert "CUDA GPUs only" in route.why or "sm_90" in route.why
-    monkeypatch.setattr(dispatch, "hopper_fwd_why_not", lambda s, device, aligned: None)
+    monkeypatch.setattr(dispatch, "hopper_fwd_why_not", lambda s, device, aligned, dense=True: None)
     assert fla_bwd.select_forward(x.q, x.k, x.v).kernel == "hopper"
     assert fla_bwd.select_forward(x.q, x.k, x.v, cu_seqlens=torch.tensor([0, 100, 2048], device=x.q.device)).why == (
-        "triton: the Hopper kernel cannot run it (it runs dense calls only (no cu_seqlens))")
+        "hopper: the warp-specialized Gluon kernel runs this call")
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "inline")
     assert "inline" in fla_bwd.select_forward(x.q, x.k, x.v).why
     with fwd_kernel("triton"):
@@ -135,42 +143,61 @@ def test_forced_hopper_raises_where_it_cannot_run():
             pass
 
 
-def _step(gated: bool, sink: bool, o_lo: bool, lse_out: bool, **kw):
+def _step(gated: bool, sink: bool, o_lo: bool, lse_out: bool, packed: bool = False, **kw):
     from fla_bwd.ops.utils.launch import Ref
 
-    s = _shape(device=torch.device("cpu"), **kw)
-    args = dict(o=Ref("o"), o_lo=Ref("o_lo") if o_lo else None, lse=Ref("lse"),
+    s = _shape(device=torch.device("cpu"), **dict(kw, B=1) if packed else kw)
+    args = dict(o=Ref("o"), o_lo=Ref("o_lo") if o_lo else None, lse=Ref("lse"), NT=s.T // 128,
+                cu_seqlens=Ref("cu_seqlens") if packed else None, chunk_indices=Ref("chunks128") if packed else None,
                 lse_out=Ref("lse_out") if lse_out else None, nonfinite=Ref("flags"),
                 g_cumsum=Ref("gc") if gated else None, sink_bias=Ref("sink_bias") if sink else None)
     return s, gluon_fwd.HopperFwdLaunch(s, args)
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["plain", "every-option"])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
-def test_plan_step_passes_every_kernel_parameter(full, causal):
+@pytest.mark.parametrize("causal,packed", [(True, False), (False, False), (True, True)],
+                         ids=["causal", "noncausal", "packed"])
+def test_plan_step_passes_every_kernel_parameter(full, causal, packed):
     """The plan step launches through `launch.Launch`, whose direct path after the first launch passes its arguments
-    in the kernel's parameter order: every parameter must be among them (one left out would be passed as None)."""
+    in the kernel's parameter order: every parameter must be among them (one left out would be passed as None).
+    Programs: `gluon_fwd.programs`."""
     from fla_bwd.ops.utils.launch import Launch, Ref, jit_function
 
-    s, step = _step(full, full, full, full, **({} if causal else dict(WR=1024)))
+    s, step = _step(full, full, full, full, packed, **({} if causal else dict(WR=1024)))
     assert isinstance(step.launch, Launch)
     params = jit_function(gluon_fwd.parallel_attn_fwd_kernel_hopper).arg_names
     assert set(step.launch.args) == set(params) | {"num_warps"}
-    assert step.launch.grid[0] == s.T // 128 * s.B * s.HQ
+    assert step.launch.grid[0] == gluon_fwd.programs(s, s.T // 128 * s.B * s.HQ, packed)
+    assert step.launch.args["NT"] == s.T // 128
     assert step.launch.args["W"] == (s.W if causal else None)  # None: every key
+    assert step.launch.args["cu_seqlens"] == (Ref("cu_seqlens") if packed else None)
+    assert step.launch.args["chunk_indices"] == (Ref("chunks128") if packed else None)
     expected = dict(gc=Ref("gc"), sink_bias=Ref("sink_bias"), o_lo=Ref("o_lo"), lse_out=Ref("lse_out"))
     assert {n: step.launch.args[n] for n in expected} == (expected if full else dict.fromkeys(expected))
 
 
+def test_persistent_where_it_measured_faster():
+    """One program an SM (persistent) on windows, non-causal, gated and packed calls; one a tile on dense ungated
+    full-causal calls; never more programs than tiles."""
+    sms = config.sm_count(torch.device("cpu"))
+    tiles = 16 * 2 * 8
+    assert gluon_fwd.programs(_shape(), tiles, False) == tiles
+    assert gluon_fwd.programs(_shape(sink_dtype=bf16), tiles, False) == tiles
+    for kw in [dict(W=512), dict(WR=2048), dict(g_dtype=torch.float32)]:
+        assert gluon_fwd.programs(_shape(**kw), tiles, False) == sms, kw
+    assert gluon_fwd.programs(_shape(B=1), tiles, True) == sms
+    assert gluon_fwd.programs(_shape(W=512), 40, False) == 40
+
+
 def test_plan_step_describes_the_inputs():
-    """The step's TMA descriptors (made on the CPU here): q, k, v and o viewed as `[B * T, heads * D]`, with the
-    kernel's block shapes and shared-memory layouts, the templates holding no tensor."""
+    """The step's TMA descriptors (made on the CPU here): q, k and v viewed as `[B * T, heads * D]`, with the
+    kernel's block shapes and shared-memory layouts, the templates holding no tensor (o is stored by pointer)."""
     B, T, HQ, H, D = 1, 256, 4, 2, 128
     _, step = _step(False, False, False, False, B=B, T=T, W=T, HQ=HQ, H=H)
     env = dict(q=torch.zeros(B, T, HQ, D, dtype=bf16), o=torch.zeros(B, T, HQ, D, dtype=bf16),
                k=torch.zeros(B, T, H, D, dtype=bf16), v=torch.zeros(B, T, H, D, dtype=bf16))
     step._descriptors(env)
-    expected = {"q": ([B * T, HQ * D], [64, D], gluon_fwd.Q_SMEM), "o": ([B * T, HQ * D], [64, D], gluon_fwd.Q_SMEM),
+    expected = {"q": ([B * T, HQ * D], [64, D], gluon_fwd.Q_SMEM),
                 "k": ([B * T, H * D], [128, D], gluon_fwd.KV_SMEM), "v": ([B * T, H * D], [128, D], gluon_fwd.KV_SMEM)}
     for name, (shape, block, layout) in expected.items():
         d = env["_hopper_fwd_desc_" + name]
@@ -178,6 +205,7 @@ def test_plan_step_describes_the_inputs():
         assert list(d.shape) == shape and list(d.strides) == shape[1:] + [1], name
         assert list(d.block_shape) == block and d.layout == layout.value, name
     assert all(t.base is None for *_, t in step.templates)
+    assert "_hopper_fwd_desc_o" not in env
 
 
 GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16),
@@ -188,7 +216,11 @@ GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ
              Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16, gate=True, g_dtype=bf16, window=100),
              Case(B=2, T=512, HQ=8, H=2, K=128, dtype=bf16, sink=float("nan")),
              Case(B=1, T=384, HQ=4, H=1, K=128, dtype=f16, sink=2.0, sink_dtype=bf16, gate=True),
-             Case(B=1, T=256, HQ=4, H=2, K=128, dtype=bf16, cu_seqlens=(0, 128, 256))]  # runs as the dense [2, 128]
+             Case(B=1, T=256, HQ=4, H=2, K=128, dtype=bf16, cu_seqlens=(0, 128, 256)),  # runs as the dense [2, 128]
+             # Packed: empty and one-token sequences, lengths off the tiles (rows past a sequence are not stored).
+             Case(B=1, T=700, HQ=4, H=2, K=128, dtype=bf16, cu_seqlens=(0, 1, 1, 300, 700)),
+             Case(B=1, T=530, HQ=8, H=2, K=128, dtype=f16, cu_seqlens=(0, 129, 130, 400, 530), window=100),
+             Case(B=1, T=600, HQ=4, H=1, K=128, dtype=bf16, cu_seqlens=(0, 250, 600), sink=1.0)]
 
 
 @needs_hopper
@@ -248,23 +280,31 @@ def test_bitwise_repeatable_and_auto_takes_it(monkeypatch):
 
 @needs_hopper
 @pytest.mark.parametrize("kw", [dict(), dict(window_size=300), dict(window_right=-1), dict(gate=True),
-                                dict(gate=True, window_size=200), dict(sink=True)],
-                         ids=["causal", "W300", "noncausal", "gated", "gated-W200", "sink"])
+                                dict(gate=True, window_size=200), dict(sink=True), dict(packed=True),
+                                dict(packed=True, sink=True, window_size=200)],
+                         ids=["causal", "W300", "noncausal", "gated", "gated-W200", "sink", "packed",
+                              "packed-sink-W200"])
 def test_rounds_as_the_triton_forward(kw, monkeypatch):
     """o, lse and o_lo bitwise the Triton forward's (what containment needs: the Triton FIXUP launch recomputes a
     flagged tile, whose finite rows must be the clean run's), for the rounding each choice of `_softmax` makes."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
-    monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")  # a gated forward then makes o_lo (five products need it)
+    if not kw.get("packed"):  # a gated forward then makes o_lo (five products need it; they run dense calls only)
+        monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")
     B, T, HQ, H, D = 2, 1024, 8, 2, 128
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, T, n, D, generator=gen, device="cuda", dtype=bf16) for n in (HQ, H, H))
     g = (torch.nn.functional.logsigmoid(torch.randn(B, T, HQ, generator=gen, device="cuda") + 4)
          if kw.get("gate") else None)
     sink = torch.randn(HQ, generator=gen, device="cuda") if kw.get("sink") else None
+    cu = None
+    if kw.get("packed"):  # the same tokens as one packed batch of mixed lengths
+        q, k, v = (x.reshape(1, B * T, *x.shape[2:]) for x in (q, k, v))
+        g = None if g is None else g.reshape(1, B * T, HQ)
+        cu = torch.tensor([0, 1, 1, 300, 1100, B * T], device="cuda", dtype=torch.int32)
     out = {}
     for kernel in ("triton", "hopper"):
         with fwd_kernel(kernel), ds_kernel("hopper"):
-            o, lse, _, o_lo, _, _ = host.forward(q, k, v, g, sink, None, D ** -0.5, kw.get("window_size", 0),
+            o, lse, _, o_lo, _, _ = host.forward(q, k, v, g, sink, cu, D ** -0.5, kw.get("window_size", 0),
                                                  for_backward=True, window_right=kw.get("window_right"))
             out[kernel] = (o, lse, o_lo)
     for name, a, b in zip(("o", "lse", "o_lo"), out["triton"], out["hopper"]):
@@ -284,7 +324,8 @@ def test_nan_inf_propagation(which, value, gate, monkeypatch):
     o_lo from this forward where gated). On seven products at this size a gated q's NaN moved dg by an ulp at
     positions after it on the H100, while this kernel's gated o, lse and o_lo were bitwise the Triton forward's:
     the seven-product backward's (its SAFE recompute of a flagged dK/dV tile rounds the independent keys' dgc_k
-    otherwise, as in tests/ops/test_attn_lse.py's open nan-two-launch-recompute case)."""
+    otherwise, as in tests/ops/test_attn_lse.py's nan-two-launch-recompute case; `inner.dkv_block`'s fix for it
+    has not run on a GPU yet)."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
     for name, value_ in dict(NAN_T=256, NAN_D=128).items():
         monkeypatch.setattr(test_attn_nan, name, value_)

@@ -86,9 +86,9 @@ def forward_knob() -> str:
     return settings.forced_fwd_kernel()
 
 
-def hopper_fwd_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
-    """None if the Hopper forward (`gluon_fwd`) can run a dense forward of Shape s whose q, k and v start 16-byte
-    aligned or not (`aligned`), else why not."""
+def hopper_fwd_why_not(s, device: torch.device, aligned: bool, dense: bool = True) -> Optional[str]:
+    """None if the Hopper forward (`gluon_fwd`) can run a forward of Shape s, dense or packed (`dense`), whose q, k
+    and v start 16-byte aligned or not (`aligned`), else why not."""
     D, BM = gluon_fwd.D, gluon_fwd.BM
     if is_interpreter() or device.type != "cuda":
         return "it runs on CUDA GPUs only (no CPU interpreter for Gluon)"
@@ -98,13 +98,17 @@ def hopper_fwd_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
         return "it needs 16-bit q, k, v"
     if not (s.K == s.V == D):
         return f"it needs head dims K = V = {D}"
-    if s.Q0:
+    if s.Q0 or s.QP:
         return "it needs q as long as k (no tail queries)"
     if s.softcap:
         return "it has no softcap"
     if s.WR is not None and min(s.W, s.WR) < s.T:
         return "it runs non-causal attention without a window only"
-    if s.T % BM:
+    if not dense and s.WR is not None:
+        return "packed: it runs causal attention only"
+    if not dense and s.g_dtype is not None:  # sequences start anywhere: the 1-D copy of gc faulted off 16 bytes
+        return "packed with a gate: its TMA copy of the keys' gate cumsum needs tile-aligned sequence starts"
+    if dense and s.T % BM:  # packed sequences of any length: their tiles' rows are masked
         return f"it needs T to be a multiple of {BM}"
     if s.B * s.T >= 2**31:
         return "B * T must stay under 2**31 (TMA coordinates)"
@@ -117,12 +121,12 @@ def hopper_fwd_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
 
 def forward_kernel(s, dense: bool, aligned: bool, forced: str, inline: bool) -> tuple:
     """(whether the Hopper kernel runs the forward of a call of Shape s, why): "auto" wherever it can
-    (`hopper_fwd_why_not`; dense calls, two-launch containment: it is the FLAG launch) from `config.HOPPER_FWD_MIN_T`
+    (`hopper_fwd_why_not`; two-launch containment: it is the FLAG launch) from `config.HOPPER_FWD_MIN_T` tokens
     on, "hopper" wherever it can and ValueError elsewhere, "triton" never. `forced`: `forward_knob()`; `inline`: the
     call contains NaN/Inf inline."""
     if forced == "triton":
         return False, "forced (FLA_BWD_FWD_KERNEL=triton)"
-    why = hopper_fwd_why_not(s, s.device, aligned) if dense else "it runs dense calls only (no cu_seqlens)"
+    why = hopper_fwd_why_not(s, s.device, aligned, dense)
     if why is None and inline:
         why = "it is the first of two containment launches, and this call contains NaN/Inf inline"
     if forced == "hopper":

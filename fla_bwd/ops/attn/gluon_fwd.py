@@ -1,24 +1,29 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""The forward for Hopper, written in Gluon (issue 61): o and the base-2 log-sum-exp of a 128-query tile of one
-query head, as `kernels.parallel_attn_fwd_kernel` computes them, in FlashAttention-3's structure.
+"""The forward for Hopper, written in Gluon (issue 61): o and the base-2 log-sum-exp of 128-query tiles of one query
+head, as `kernels.parallel_attn_fwd_kernel` computes them, in FlashAttention-3's structure.
 
-A producer partition copies the tile's q once and each 128-key tile's K and V by TMA into a ring of shared-memory
-stages behind mbarriers (K and V of a stage on barriers of their own: the scores' product waits for K alone). Two
-consumer warpgroups own 64 queries each and share every K/V stage. Each overlaps its products within the iteration:
-it issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, waits for S_j alone and runs the online softmax of S_j while the
-P V product is in flight, then waits for that product and rescales O (FA3's intra-warpgroup pipelining). FA3's
-ping-pong of the two warpgroups (each issuing its products in turn, behind a pair of mbarriers) measured no faster
-here (g8-T8192 891 against 878 us, H100).
+Persistent where it measured faster (`programs`): one program an SM walks the tiles of the Triton forward's grid
+(`inner.query_tile`'s order: heads fastest, tiles longest first) with a stride of the programs' count. A producer
+partition copies each tile's q and then each 128-key tile's K and V by TMA into a ring of shared-memory stages
+behind mbarriers (K and V of a stage on barriers of their own: the scores' product waits for K alone; the ring's
+count runs on across tiles). Two consumer warpgroups own 64 queries each and share every K/V stage. Each overlaps
+its products within the iteration: it issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, waits for S_j alone and runs
+the online softmax of S_j while the P V product is in flight, then waits for that product and rescales O (FA3's
+intra-warpgroup pipelining). q is released after a tile's last S product, so the next tile's q and first K/V stages
+load under this tile's last P V product and epilogue; o is stored from registers (three K/V stages leave no shared
+memory for a staging tile). FA3's ping-pong of the two warpgroups measured no faster here (g8-T8192 891 against 878
+us, H100, before the grid was persistent).
 
-It is the FLAG launch of the two-launch containment (`host.add_contained`): each program's flag says whether its
-unnormalised o is not finite, and the Triton forward's FIXUP launch recomputes those tiles with containment. The grid
-and the program-to-tile map are the Triton forward's (`inner.query_tile`: heads fastest, tiles longest first), so
-the flags index the same tiles.
+It is the FLAG launch of the two-launch containment (`host.add_contained`): each tile's flag says whether its
+unnormalised o is not finite, and the Triton forward's FIXUP launch recomputes those tiles with containment. Tiles
+are indexed as the Triton forward's programs, so the flags index the same tiles.
 
-Scope (`dispatch.hopper_fwd_why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, dense (no tail queries), T a
-multiple of 128, causal with any window or non-causal without one, gated or not, with a sink or not, o_lo and the
-user's lse where asked; no softcap. Gluon has no CPU interpreter: the tests compile it for sm_90 on the CPU and run it
-on the GPU.
+Scope (`dispatch.hopper_fwd_why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, every query (no tail queries),
+causal with any window or non-causal without one, gated or not, with a sink or not, o_lo and the user's lse where
+asked; no softcap. Dense: T a multiple of 128. Packed (cu_seqlens, causal): sequences of any length, each tile's keys
+counted from its sequence's first token; a tile's rows past its sequence run on the next sequence's q (or TMA's zeros
+past the tensor) and are not stored (their flag can only send the tile to the FIXUP launch once more than needed).
+Gluon has no CPU interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
 """
 
 import math
@@ -26,12 +31,10 @@ import math
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from fla_bwd.ops.attn.config import sm_count
 from fla_bwd.ops.attn.gluon_hopper import (
-    fence_async_shared,
     mbarrier,
-    tma,
     tma_load,
-    tma_store,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -64,46 +67,60 @@ LN2_C = gl.constexpr(math.log(2.0))
 # ----------------------------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _tile(B, T, HQ, G):
-    """(batch, query head, KV head, first query) of this program: `inner.query_tile`'s map."""
-    NT = T // BM_C
-    pid = gl.program_id(0)
-    i_bh = pid % (B * HQ)
-    i_t = NT - 1 - pid // (B * HQ)
+def _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices):
+    """(first token of the sequence, its length, query head, KV head, first query of the tile) of tile idx: the map of
+    the Triton forward's program idx (`inner.query_tile`: heads fastest, then the NT tiles a head, last first; packed:
+    chunk_indices's (sequence, tile) pairs)."""
+    i_bh = idx % (B * HQ)
+    i_t = NT - 1 - idx // (B * HQ)
     i_hq = i_bh % HQ
-    return i_bh // HQ, i_hq, i_hq // G, i_t * BM_C
+    if chunk_indices is not None:
+        i_n = gl.load(chunk_indices + i_t * 2)
+        i_t = gl.load(chunk_indices + i_t * 2 + 1)
+        bos = gl.load(cu_seqlens + i_n).to(gl.int32)
+        length = gl.load(cu_seqlens + i_n + 1).to(gl.int32) - bos
+    else:
+        bos = (i_bh // HQ) * T
+        length = T
+    return bos, length, i_hq, i_hq // G, i_t * BM_C
 
 
 @gluon.jit
 def _key_tiles(t0, T, W):
-    """The key tiles [lo, hi) that the query tile [t0, t0 + BM) sees: causal (W not None), keys [i - W + 1, i];
-    else all."""
+    """The key tiles [lo, hi) that the query tile [t0, t0 + BM) of a sequence of T tokens sees: causal (W not None),
+    keys [i - W + 1, i]; else all."""
     if W is not None:
         return gl.maximum(t0 - W + 1, 0) // BN_C, t0 // BN_C + 1
     return 0, T // BN_C
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-              qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
-              G):
-    """Copies the program's q (a [64, D] box a consumer warpgroup), then K and V of each key tile it sees (gated:
-    and the keys' gate cumsum) into the next free stage."""
-    i_b, i_hq, i_h, t0 = _tile(B, T, HQ, G)
-    mbarrier.expect(q_ready.index(0), 2 * BH_C * D_C * 2)
-    for i_wg in gl.static_range(2):
-        tma_load(q_desc, [i_b * T + t0 + i_wg * BH_C, i_hq * D_C], q_ready.index(0), q_smem.index(i_wg))
-    lo, hi = _key_tiles(t0, T, W)
-    for j in range(lo, hi):
-        i = j - lo
-        s = i % STAGES_C
-        mbarrier.wait(kv_empty.index(s), (i // STAGES_C) & 1)
-        mbarrier.expect(k_ready.index(s), BN_C * D_C * 2 + (BN_C * 4 if gc is not None else 0))
-        tma_load(k_desc, [i_b * T + j * BN_C, i_h * D_C], k_ready.index(s), k_smem.index(s))
-        if gc is not None:  # the keys' gate cumsum, with K
-            tma_load(gc_desc, [i_hq * (B * T) + i_b * T + j * BN_C], k_ready.index(s), gk_smem.index(s))
-        mbarrier.expect(v_ready.index(s), BN_C * D_C * 2)
-        tma_load(v_desc, [i_b * T + j * BN_C, i_h * D_C], v_ready.index(s), v_smem.index(s))
+def _producer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+              chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+              v_ready, kv_empty, flag_bar, G):
+    """For each of this program's tiles (program_id, then every num_programs), copies q once both
+    consumer warpgroups have released the last tile's (q_empty), then K and V of each key tile into the ring, whose
+    count runs on across tiles."""
+    i = 0
+    c = 0
+    for idx in range(gl.program_id(0), NT * B * HQ, gl.num_programs(0)):
+        bos, length, i_hq, i_h, t0 = _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices)
+        mbarrier.wait(q_empty.index(0), c & 1)
+        mbarrier.expect(q_ready.index(0), 2 * BH_C * D_C * 2)
+        for i_wg in gl.static_range(2):
+            tma_load(q_desc, [bos + t0 + i_wg * BH_C, i_hq * D_C], q_ready.index(0), q_smem.index(i_wg))
+        lo, hi = _key_tiles(t0, length, W)
+        for j in range(lo, hi):
+            s = i % STAGES_C
+            mbarrier.wait(kv_empty.index(s), (i // STAGES_C) & 1)
+            mbarrier.expect(k_ready.index(s), BN_C * D_C * 2 + (BN_C * 4 if gc is not None else 0))
+            tma_load(k_desc, [bos + j * BN_C, i_h * D_C], k_ready.index(s), k_smem.index(s))
+            if gc is not None:  # the keys' gate cumsum, with K
+                tma_load(gc_desc, [i_hq * (B * T) + bos + j * BN_C], k_ready.index(s), gk_smem.index(s))
+            mbarrier.expect(v_ready.index(s), BN_C * D_C * 2)
+            tma_load(v_desc, [bos + j * BN_C, i_h * D_C], v_ready.index(s), v_smem.index(s))
+            i += 1
+        c += 1
 
 
 @gluon.jit
@@ -155,101 +172,109 @@ def _softmax_of_tile(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W, q
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-              qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
-              G, i_wg):
-    """Consumer warpgroup i_wg: queries [64 i_wg, 64 i_wg + 64) of the tile, over every key tile it sees, then its
-    o (through its q buffer and TMA), lse, o_lo, the user's lse and its part of the program's flag."""
+def _consumer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+              chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+              v_ready, kv_empty, flag_bar, G, i_wg):
+    """Consumer warpgroup i_wg: queries [64 i_wg, 64 i_wg + 64) of each of this program's tiles, over every key tile
+    each sees; then the tile's o, lse, o_lo, the user's lse and its part of the tile's flag. q is released after the
+    tile's last S product, so the producer loads the next tile's under this one's last P V product and epilogue."""
     dtype: gl.constexpr = q_desc.dtype
-    i_b, i_hq, i_h, t0 = _tile(B, T, HQ, G)
-    t0r = t0 + i_wg * BH_C
     o_r = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA))
     zero = gl.zeros([BH_C, BN_C], gl.float32, MMA)
-    b_m = gl.full([BH_C], float("-inf"), gl.float32, gl.SliceLayout(1, MMA))
-    b_l = gl.zeros([BH_C], gl.float32, gl.SliceLayout(1, MMA))
-    b_gq = b_l
-    if gc is not None:  # [HQ, B * T] fp32, base 2
-        b_gq = gl.load(gc + i_hq.to(gl.int64) * (B * T) + i_b * T + t0r + o_r)
     b_q = q_smem.index(i_wg)
-    mbarrier.wait(q_ready.index(0), 0)
-    lo, hi = _key_tiles(t0, T, W)
-    # The first tile: S_lo and its softmax; O starts at P_lo V_lo below.
-    mbarrier.wait(k_ready.index(0), 0)
-    tok = warpgroup_mma(b_q, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-    b_s = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-    b_p, _, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, 0, o_r, lo, t0, t0r, W, qk_scale)
-    acc = zero
-    for j in range(lo + 1, hi):
-        i = j - lo
-        s = i % STAGES_C
-        sp = (i - 1) % STAGES_C
-        b_pa = gl.convert_layout(b_p.to(dtype), OPERAND_A)
-        mbarrier.wait(k_ready.index(s), (i // STAGES_C) & 1)
-        mbarrier.wait(v_ready.index(sp), ((i - 1) // STAGES_C) & 1)
+    i0 = 0
+    c = 0
+    for idx in range(gl.program_id(0), NT * B * HQ, gl.num_programs(0)):
+        bos, length, i_hq, i_h, t0 = _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices)
+        t0r = t0 + i_wg * BH_C
+        m_r = t0r + o_r < length  # packed: the tile's rows in its sequence
+        b_m = gl.full([BH_C], float("-inf"), gl.float32, gl.SliceLayout(1, MMA))
+        b_l = gl.zeros([BH_C], gl.float32, gl.SliceLayout(1, MMA))
+        b_gq = b_l
+        if gc is not None:  # [HQ, B * T] fp32, base 2
+            b_gq = gl.load(gc + i_hq.to(gl.int64) * (B * T) + bos + t0r + o_r, mask=m_r, other=0.0)
+        mbarrier.wait(q_ready.index(0), c & 1)
+        lo, hi = _key_tiles(t0, length, W)
+        s = i0 % STAGES_C
+        mbarrier.wait(k_ready.index(s), (i0 // STAGES_C) & 1)
         tok = warpgroup_mma(b_q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(b_pa, v_smem.index(sp), acc, is_async=True)
-        b_s = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))  # S_j; P V of tile j - 1 stays in flight
-        b_p, b_alpha, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W,
-                                                  qk_scale)
+        b_s = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+        b_p, _, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, lo, t0, t0r, W, qk_scale)
+        acc = zero
+        for j in range(lo + 1, hi):
+            i = i0 + j - lo
+            s = i % STAGES_C
+            sp = (i - 1) % STAGES_C
+            b_pa = gl.convert_layout(b_p.to(dtype), OPERAND_A)
+            mbarrier.wait(k_ready.index(s), (i // STAGES_C) & 1)
+            mbarrier.wait(v_ready.index(sp), ((i - 1) // STAGES_C) & 1)
+            tok = warpgroup_mma(b_q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(b_pa, v_smem.index(sp), acc, is_async=True)
+            b_s = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))  # S_j; P V of tile j - 1 stays in flight
+            b_p, b_alpha, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W,
+                                                      qk_scale)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(kv_empty.index(sp), count=1)
+            acc = acc * b_alpha[:, None]
+        mbarrier.arrive(q_empty.index(0), count=1)  # every product with q has been waited for
+        i = i0 + hi - 1 - lo
+        s = i % STAGES_C
+        b_pa = gl.convert_layout(b_p.to(dtype), OPERAND_A)
+        mbarrier.wait(v_ready.index(s), (i // STAGES_C) & 1)
+        acc = warpgroup_mma(b_pa, v_smem.index(s), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(kv_empty.index(sp), count=1)
-        acc = acc * b_alpha[:, None]
-    i = hi - 1 - lo
-    s = i % STAGES_C
-    b_pa = gl.convert_layout(b_p.to(dtype), OPERAND_A)
-    mbarrier.wait(v_ready.index(s), (i // STAGES_C) & 1)
-    acc = warpgroup_mma(b_pa, v_smem.index(s), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    # The FLAG launch's flag of this program: its unnormalised o not finite. Warpgroup 0 stores it, then warpgroup 1
-    # sets it where its own rows are not finite (ordered by flag_bar: both store to the same byte).
-    bad = gl.max(gl.max(((acc - acc) != 0).to(gl.int32), 1), 0)
-    if i_wg == 0:
-        gl.store(nonfinite + gl.program_id(0), bad.to(gl.int8))
-        mbarrier.arrive(flag_bar.index(0), count=1)
-    else:
-        mbarrier.wait(flag_bar.index(0), 0)
-        if bad != 0:
-            gl.store(nonfinite + gl.program_id(0), bad.to(gl.int8))
-    if sink_bias is not None:  # one more logit in the denominator, folded at a common maximum
-        b_sink = gl.load(sink_bias + i_hq).to(gl.float32) * LOG2E_C
-        b_m_new = gl.maximum(b_m, b_sink)
-        b_alpha = gl.exp2(b_m - b_m_new)
-        b_l = b_l * b_alpha + gl.exp2(b_sink - b_m_new)
-        acc = acc * b_alpha[:, None]
-        b_m = b_m_new
-    acc = acc / b_l[:, None]
-    b_or = acc.to(dtype)
-    b_q.store(b_or)  # q's buffer is free: its last product has been waited for
-    fence_async_shared()
-    tma_store(o_desc, [i_b * T + t0r, i_hq * D_C], b_q)
-    rows = i_b * T + t0r + o_r
-    if o_lo is not None:  # `inner.o_lo_encode`
-        o_c = gl.arange(0, D_C, layout=gl.SliceLayout(0, MMA))
-        b_d = acc.to(gl.int32, bitcast=True) - b_or.to(gl.float32).to(gl.int32, bitcast=True)
-        if dtype == gl.bfloat16:
-            b_d = (b_d + 256) >> 9
+        mbarrier.arrive(kv_empty.index(s), count=1)  # the tile's last stage, for the next tile's copies
+        i0 += hi - lo
+        # The tile's flag: warpgroup 0 stores it, then warpgroup 1 sets it where its own rows are not finite, after
+        # flag_bar of the tile's parity (warpgroup 0 runs at most one tile ahead at this wait: it needs q of the tile
+        # after next, which waits for warpgroup 1's release of the next tile's).
+        bad = gl.max(gl.max(((acc - acc) != 0).to(gl.int32), 1), 0)
+        if i_wg == 0:
+            gl.store(nonfinite + idx, bad.to(gl.int8))
+            mbarrier.arrive(flag_bar.index(c % 2), count=1)
         else:
-            b_d = (b_d + 32) >> 6
-        b_lo = gl.minimum(gl.maximum(b_d, -128), 127).to(gl.int8)
-        gl.store(o_lo + (rows.to(gl.int64) * HQ + i_hq)[:, None] * D_C + o_c[None, :], b_lo)
-    b_lse = b_m + gl.log2(b_l)
-    gl.store(lse + i_hq.to(gl.int64) * (B * T) + rows, b_lse)
-    if lse_out is not None:
-        gl.store(lse_out + rows.to(gl.int64) * HQ + i_hq, b_lse * LN2_C)
-    tma.store_wait(pendings=0)
+            mbarrier.wait(flag_bar.index(c % 2), (c // 2) & 1)
+            if bad != 0:
+                gl.store(nonfinite + idx, bad.to(gl.int8))
+        if sink_bias is not None:  # one more logit in the denominator, folded at a common maximum
+            b_sink = gl.load(sink_bias + i_hq).to(gl.float32) * LOG2E_C
+            b_m_new = gl.maximum(b_m, b_sink)
+            b_alpha = gl.exp2(b_m - b_m_new)
+            b_l = b_l * b_alpha + gl.exp2(b_sink - b_m_new)
+            acc = acc * b_alpha[:, None]
+            b_m = b_m_new
+        acc = acc / b_l[:, None]
+        b_or = acc.to(dtype)
+        rows = bos + t0r + o_r
+        o_c = gl.arange(0, D_C, layout=gl.SliceLayout(0, MMA))
+        p_o = (rows.to(gl.int64) * HQ + i_hq)[:, None] * D_C + o_c[None, :]
+        gl.store(o + p_o, b_or, mask=m_r[:, None])
+        if o_lo is not None:  # `inner.o_lo_encode`
+            b_d = acc.to(gl.int32, bitcast=True) - b_or.to(gl.float32).to(gl.int32, bitcast=True)
+            if dtype == gl.bfloat16:
+                b_d = (b_d + 256) >> 9
+            else:
+                b_d = (b_d + 32) >> 6
+            gl.store(o_lo + p_o, gl.minimum(gl.maximum(b_d, -128), 127).to(gl.int8), mask=m_r[:, None])
+        b_lse = b_m + gl.log2(b_l)
+        gl.store(lse + i_hq.to(gl.int64) * (B * T) + rows, b_lse, mask=m_r)
+        if lse_out is not None:
+            gl.store(lse_out + rows.to(gl.int64) * HQ + i_hq, b_lse * LN2_C, mask=m_r)
+        c += 1
 
 
-@gluon.jit(do_not_specialize=["B", "T", "W"])
+@gluon.jit(do_not_specialize=["B", "T", "NT", "W"])
 def parallel_attn_fwd_kernel_hopper(
-    q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, scale,
-    HQ: gl.constexpr, G: gl.constexpr,
+    q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens, chunk_indices, B, T,
+    NT, W, scale, HQ: gl.constexpr, G: gl.constexpr,
 ):
-    """o (`[B, T, HQ, D]`, through o_desc) and lse `[HQ, B * T]` (base 2, the sink included) of one 128-query tile
-    of one query head, and the FLAG launch's flag of the program; q, k, v through their TMA descriptors (`[B * T,
-    heads * D]` views). W: keys [i - W + 1, i] (causal); None: every key (a partition sees a None as such, where a
-    constexpr flag would reach it as a value). Gated: gc `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view, else
-    None); with a sink: sink_bias `[HQ]`;
-    o_lo (int8, o's shape) and lse_out (`[B * T, HQ]`, natural log) where not None."""
+    """o `[B, T, HQ, D]` and lse `[HQ, B * T]` (base 2, the sink included) of the 128-query tiles of this program
+    (program_id, then every num_programs, of the NT * B * HQ), and the FLAG launch's flag of
+    each; q, k, v through their TMA descriptors (`[B * T, heads * D]` views). Packed (B = 1): cu_seqlens and
+    chunk_indices (`index.chunk_indices`: NT (sequence, tile) pairs), else None. W: keys [i - W + 1, i] (causal);
+    None: every key (a partition sees a None as such, where a constexpr flag would reach it as a value). Gated: gc
+    `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view, else None); with a sink: sink_bias `[HQ]`; o_lo (int8, o's
+    shape) and lse_out (`[B * T, HQ]`, natural log) where not None."""
     dtype: gl.constexpr = q_desc.dtype
     qk_scale = scale * LOG2E_C  # in fp32 here, as the Triton forward's `inner.score_scales`
     q_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], Q_SMEM)  # [consumer warpgroup, query, d]
@@ -259,27 +284,31 @@ def parallel_attn_fwd_kernel_hopper(
     if gc is not None:
         gk_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BN_C], ROW_SMEM)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    flag_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    flag_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready.index(0), count=1)
-    mbarrier.init(flag_bar.index(0), count=1)
+    mbarrier.init(q_empty.index(0), count=2)  # one arrival a consumer warpgroup
+    mbarrier.arrive(q_empty.index(0), count=2)  # free for the first tile
+    for b in gl.static_range(2):
+        mbarrier.init(flag_bar.index(b), count=1)
     for s in gl.static_range(STAGES_C):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=2)  # one arrival a consumer warpgroup
         mbarrier.arrive(kv_empty.index(s), count=2)  # every stage starts free
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
-    producer = (q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-                qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
-                G)
-    wg0 = (q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-           qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
-           G, 0)
-    wg1 = (q_desc, k_desc, v_desc, o_desc, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, B, T, W, HQ,
-           qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, k_ready, v_ready, kv_empty, flag_bar,
-           G, 1)
+    producer = (q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+                chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+                v_ready, kv_empty, flag_bar, G)
+    wg0 = (q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+           chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+           v_ready, kv_empty, flag_bar, G, 0)
+    wg1 = (q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+           chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+           v_ready, kv_empty, flag_bar, G, 1)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
                        [CONSUMER_REGS, CONSUMER_REGS])
 
@@ -288,21 +317,34 @@ def parallel_attn_fwd_kernel_hopper(
 # Launch
 # ----------------------------------------------------------------------------------------------------------------
 
+def programs(s, tiles: int, packed: bool) -> int:
+    """The programs of a launch over `tiles` query tiles of a call of Shape s: one an SM (persistent: the next tile's q
+    and K/V load under this tile's epilogue) where that measured faster, one a tile elsewhere (H100)."""
+    # Persistent: windows, non-causal, gated and packed calls (W256 329 against 367 us, non-causal T4096 439 against
+    # 450, gated g8-T8192 991 against 1039; packed: new). Dense ungated full-causal calls keep one
+    # program a tile: their tiles see the most keys, and a stride over the programs left the busiest SM 6% over the
+    # mean (g8-T8192 966 against 891 us; mha-long 197 against 195).
+    persistent = packed or s.WR is not None or s.W < s.T or s.g_dtype is not None
+    return min(tiles, sm_count(s.device)) if persistent else tiles
+
+
 class HopperFwdLaunch(DescriptorLaunch):
     """Plan step (`launch.Plan.add`): the FLAG launch of a forward on `parallel_attn_fwd_kernel_hopper`
-    (`descriptor_launch.DescriptorLaunch`), over the Triton forward's grid; `args` as `host.add_fwd` gives them."""
+    (`descriptor_launch.DescriptorLaunch`) over the Triton forward's tiles with `programs`' programs; `args` as
+    `host.add_fwd` gives them."""
 
     def __init__(self, s, args: dict):
         rows = s.B * s.T
         table = (("q", "q", (rows, s.HQ * D), [BH, D], Q_SMEM.value),
                  ("k", "k", (rows, s.H * D), [BN, D], KV_SMEM.value),
-                 ("v", "v", (rows, s.H * D), [BN, D], KV_SMEM.value),
-                 ("o", args["o"].name, (rows, s.HQ * D), [BH, D], Q_SMEM.value))
+                 ("v", "v", (rows, s.H * D), [BN, D], KV_SMEM.value))
         gated = args["g_cumsum"] is not None
         if gated:
             table += (("gc", args["g_cumsum"].name, (-1,), [BN], ROW_SMEM.value),)
-        super().__init__(parallel_attn_fwd_kernel_hopper, (s.T // BM * s.B * s.HQ,), dict(
-            o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
-            gc=args["g_cumsum"], sink_bias=args["sink_bias"], B=s.B, T=s.T, W=s.W if s.WR is None else None,
+        grid = (programs(s, args["NT"] * s.B * s.HQ, args["chunk_indices"] is not None),)
+        super().__init__(parallel_attn_fwd_kernel_hopper, grid, dict(
+            o=args["o"], o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
+            gc=args["g_cumsum"], sink_bias=args["sink_bias"], cu_seqlens=args["cu_seqlens"],
+            chunk_indices=args["chunk_indices"], B=s.B, T=s.T, NT=args["NT"], W=s.W if s.WR is None else None,
             scale=s.scale, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS,
             **({} if gated else {"gc_desc": None})), table, "_hopper_fwd_desc_")

@@ -202,7 +202,7 @@ def add_fwd(plan: Plan, s, tiles, gc: Optional[Ref], sink: Optional[Ref], exact_
         return
     # The Gluon kernel (`gluon_fwd`) is the FLAG launch of two-launch containment, over the Triton forward's tiles.
     plan.flags = max(plan.flags, NT * s.B * s.HQ)
-    plan.add(HopperFwdLaunch(s, dict(args, nonfinite=Ref("flags"))))
+    plan.add(HopperFwdLaunch(s, dict(args, nonfinite=Ref("flags"), NT=NT)))
     plan.launch(parallel_attn_fwd_kernel, (NT * s.B * s.HQ,), nonfinite=Ref("flags"), CONTAIN=FIXUP.value, **args)
 
 
