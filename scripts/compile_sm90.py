@@ -110,18 +110,20 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
 
 
 def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool = False, sink: bool = False,
-                            o_lo: bool = False, lse_out: bool = False, packed: bool = False):
-    """The Gluon forward (`gluon_fwd.parallel_attn_fwd_kernel_hopper`) for sm_90 at HQ = 32, G = 4, with the pointer
-    types its launches pass: causal (W a runtime int) or not (None), and the gate, the sink, o_lo and the user's lse
-    each there or None; packed: cu_seqlens and chunk_indices int32 pointers, else None."""
+                            o_lo: bool = False, lse_out: bool = False, packed: bool = False, D: int = 128):
+    """The Gluon forward (`gluon_fwd.parallel_attn_fwd_kernel_hopper`) for sm_90 at HQ = 32, G = 4 and head dim D, with
+    the pointer types its launches pass: causal (W a runtime int) or not (None), and the gate, the sink, o_lo and the
+    user's lse each there or None; packed: cu_seqlens and chunk_indices int32 pointers, else None."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import fla_bwd.ops.attn.gluon_fwd as GF
 
     fn = GF.parallel_attn_fwd_kernel_hopper
     e = TYPES[dtype]
-    sig = dict(q_desc=f"tensordesc<{e}[64, 128],{GF.Q_SMEM.value!r}>", k_desc=f"tensordesc<{e}[128, 128],"
-               f"{GF.KV_SMEM.value!r}>", lse="*fp32", nonfinite="*i8", B="i32", T="i32", NT="i32", scale="fp32")
+    q_block, kv_block = [GF.BH, D], [GF.BN, D]
+    sig = dict(q_desc=f"tensordesc<{e}{q_block},{GF.smem_layout(q_block)!r}>",
+               k_desc=f"tensordesc<{e}{kv_block},{GF.smem_layout(kv_block)!r}>", lse="*fp32", nonfinite="*i8",
+               B="i32", T="i32", NT="i32", scale="fp32")
     sig.update(v_desc=sig["k_desc"], o="*" + e)
     values = dict(HQ=32, G=4)
     if causal:
@@ -458,8 +460,10 @@ def main():
         return
     if args.hopper_fwd:
         _report_gluon("hopper fwd", [
-            (" ".join(f"{n}={v}" for n, v in zip(("causal", "gated", "sink", "o_lo", "lse_out"), form)),
-             functools.partial(compile_hopper_fwd_sm90, dtype, *form)) for form in HOPPER_FWD_FORMS], args)
+            (" ".join(f"{n}={v}" for n, v in zip(("causal", "gated", "sink", "o_lo", "lse_out", "packed", "D"),
+                                                 form + (D,))),
+             functools.partial(compile_hopper_fwd_sm90, dtype, *form, D=D))
+            for D in map(int, args.dims.split(",")) for form in HOPPER_FWD_FORMS], args)
         return
     overrides = {k: getattr(args, k) for k in ("fwd", "dq", "dkv")}
     if args.plain and args.gate_only:

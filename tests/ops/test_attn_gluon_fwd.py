@@ -15,6 +15,7 @@ import pytest
 import test_attn_lse
 import test_attn_nan
 import torch
+from triton.experimental.gluon import language as gl
 from conftest import DEVICE
 from helpers import Case, check_against_oracle, make_inputs, run_parallel
 from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
@@ -67,7 +68,7 @@ def test_out_of_scope_calls_say_why():
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, True) is None
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda, W=300), cuda, True) is None  # windows run
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda, WR=2048), cuda, True) is None  # non-causal runs
-        for kw, why in [(dict(K=64, V=64), "K = V = 128"), (dict(dtype=torch.float32), "16-bit"),
+        for kw, why in [(dict(K=96, V=96), "K = V in (64, 128)"), (dict(K=128, V=64), "K = V in (64, 128)"), (dict(dtype=torch.float32), "16-bit"),
                         (dict(T=1000, W=1000), "multiple of 128"), (dict(Q0=128), "tail queries"),
                         (dict(softcap=30.0), "softcap"), (dict(WR=5), "without a window"),
                         (dict(WR=1024, W=64), "without a window"), (dict(B=2**18, g_dtype=torch.float32), "HQ * B * T"),
@@ -189,21 +190,25 @@ def test_persistent_where_it_measured_faster():
     assert gluon_fwd.programs(_shape(W=512), 40, False) == 40
 
 
-def test_plan_step_describes_the_inputs():
+@pytest.mark.parametrize("D", gluon_fwd.HEAD_DIMS)
+def test_plan_step_describes_the_inputs(D):
     """The step's TMA descriptors (made on the CPU here): q, k and v viewed as `[B * T, heads * D]`, with the
-    kernel's block shapes and shared-memory layouts, the templates holding no tensor (o is stored by pointer)."""
-    B, T, HQ, H, D = 1, 256, 4, 2, 128
-    _, step = _step(False, False, False, False, B=B, T=T, W=T, HQ=HQ, H=H)
+    kernel's block shapes and shared-memory layouts (the kernel reads its head dim from them), the templates holding
+    no tensor (o is stored by pointer)."""
+    B, T, HQ, H = 1, 256, 4, 2
+    _, step = _step(False, False, False, False, B=B, T=T, W=T, HQ=HQ, H=H, K=D, V=D)
     env = dict(q=torch.zeros(B, T, HQ, D, dtype=bf16), o=torch.zeros(B, T, HQ, D, dtype=bf16),
                k=torch.zeros(B, T, H, D, dtype=bf16), v=torch.zeros(B, T, H, D, dtype=bf16))
     step._descriptors(env)
-    expected = {"q": ([B * T, HQ * D], [64, D], gluon_fwd.Q_SMEM),
-                "k": ([B * T, H * D], [128, D], gluon_fwd.KV_SMEM), "v": ([B * T, H * D], [128, D], gluon_fwd.KV_SMEM)}
+    layout = gl.NVMMASharedLayout.get_default_for
+    expected = {"q": ([B * T, HQ * D], [64, D], layout([64, D], gl.bfloat16)),
+                "k": ([B * T, H * D], [128, D], layout([128, D], gl.bfloat16)),
+                "v": ([B * T, H * D], [128, D], layout([128, D], gl.bfloat16))}
     for name, (shape, block, layout) in expected.items():
         d = env["_hopper_fwd_desc_" + name]
         assert d.base.data_ptr() == env[name].data_ptr(), name
         assert list(d.shape) == shape and list(d.strides) == shape[1:] + [1], name
-        assert list(d.block_shape) == block and d.layout == layout.value, name
+        assert list(d.block_shape) == block and d.layout == layout, name
     assert all(t.base is None for *_, t in step.templates)
     assert "_hopper_fwd_desc_o" not in env
 
@@ -220,7 +225,11 @@ GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ
              # Packed: empty and one-token sequences, lengths off the tiles (rows past a sequence are not stored).
              Case(B=1, T=700, HQ=4, H=2, K=128, dtype=bf16, cu_seqlens=(0, 1, 1, 300, 700)),
              Case(B=1, T=530, HQ=8, H=2, K=128, dtype=f16, cu_seqlens=(0, 129, 130, 400, 530), window=100),
-             Case(B=1, T=600, HQ=4, H=1, K=128, dtype=bf16, cu_seqlens=(0, 250, 600), sink=1.0)]
+             Case(B=1, T=600, HQ=4, H=1, K=128, dtype=bf16, cu_seqlens=(0, 250, 600), sink=1.0),
+             # Head dim 64: the same kernel, its blocks and the P V product's layout from the descriptors.
+             Case(B=2, T=384, HQ=8, H=2, K=64, dtype=bf16), Case(B=1, T=640, HQ=4, H=1, K=64, dtype=f16, window=200),
+             Case(B=1, T=384, HQ=4, H=2, K=64, dtype=bf16, gate=True, sink=0.5),
+             Case(B=1, T=700, HQ=4, H=2, K=64, dtype=bf16, cu_seqlens=(0, 1, 1, 300, 700))]
 
 
 @needs_hopper
@@ -235,8 +244,9 @@ def test_matches_oracle(case, monkeypatch):
 
 @needs_hopper
 @pytest.mark.parametrize("case", [Case(B=1, T=384, HQ=4, H=2, K=128, dtype=bf16),
-                                  Case(B=2, T=256, HQ=4, H=4, K=128, dtype=f16, sink=float("nan"))],
-                         ids=["g2", "mha-sink"])
+                                  Case(B=2, T=256, HQ=4, H=4, K=128, dtype=f16, sink=float("nan")),
+                                  Case(B=1, T=256, HQ=8, H=2, K=64, dtype=bf16)],
+                         ids=["g2", "mha-sink", "D64"])
 def test_noncausal_matches_oracle(case, monkeypatch):
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
     spy = FwdSpy(monkeypatch)
@@ -281,16 +291,17 @@ def test_bitwise_repeatable_and_auto_takes_it(monkeypatch):
 @needs_hopper
 @pytest.mark.parametrize("kw", [dict(), dict(window_size=300), dict(window_right=-1), dict(gate=True),
                                 dict(gate=True, window_size=200), dict(sink=True), dict(packed=True),
-                                dict(packed=True, sink=True, window_size=200)],
+                                dict(packed=True, sink=True, window_size=200), dict(D=64), dict(D=64, gate=True),
+                                dict(D=64, window_right=-1), dict(D=64, packed=True, window_size=200)],
                          ids=["causal", "W300", "noncausal", "gated", "gated-W200", "sink", "packed",
-                              "packed-sink-W200"])
+                              "packed-sink-W200", "D64", "D64-gated", "D64-noncausal", "D64-packed-W200"])
 def test_rounds_as_the_triton_forward(kw, monkeypatch):
     """o, lse and o_lo bitwise the Triton forward's (what containment needs: the Triton FIXUP launch recomputes a
     flagged tile, whose finite rows must be the clean run's), for the rounding each choice of `_softmax` makes."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
     if not kw.get("packed"):  # a gated forward then makes o_lo (five products need it; they run dense calls only)
         monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")
-    B, T, HQ, H, D = 2, 1024, 8, 2, 128
+    B, T, HQ, H, D = 2, 1024, 8, 2, kw.get("D", 128)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, T, n, D, generator=gen, device="cuda", dtype=bf16) for n in (HQ, H, H))
     g = (torch.nn.functional.logsigmoid(torch.randn(B, T, HQ, generator=gen, device="cuda") + 4)
@@ -303,7 +314,7 @@ def test_rounds_as_the_triton_forward(kw, monkeypatch):
         cu = torch.tensor([0, 1, 1, 300, 1100, B * T], device="cuda", dtype=torch.int32)
     out = {}
     for kernel in ("triton", "hopper"):
-        with fwd_kernel(kernel), ds_kernel("hopper"):
+        with fwd_kernel(kernel), ds_kernel("hopper" if D == 128 else "triton"):  # the Hopper dK/dV kernel: D 128
             o, lse, _, o_lo, _, _ = host.forward(q, k, v, g, sink, cu, D ** -0.5, kw.get("window_size", 0),
                                                  for_backward=True, window_right=kw.get("window_right"))
             out[kernel] = (o, lse, o_lo)

@@ -89,15 +89,15 @@ def forward_knob() -> str:
 def hopper_fwd_why_not(s, device: torch.device, aligned: bool, dense: bool = True) -> Optional[str]:
     """None if the Hopper forward (`gluon_fwd`) can run a forward of Shape s, dense or packed (`dense`), whose q, k
     and v start 16-byte aligned or not (`aligned`), else why not."""
-    D, BM = gluon_fwd.D, gluon_fwd.BM
+    BM = gluon_fwd.BM
     if is_interpreter() or device.type != "cuda":
         return "it runs on CUDA GPUs only (no CPU interpreter for Gluon)"
     if config.capability(device) != (9, 0):
         return "it needs an sm_90 (Hopper) GPU"
     if s.dtype not in (torch.float16, torch.bfloat16):
         return "it needs 16-bit q, k, v"
-    if not (s.K == s.V == D):
-        return f"it needs head dims K = V = {D}"
+    if not (s.K == s.V and s.K in gluon_fwd.HEAD_DIMS):
+        return f"it needs head dims K = V in {gluon_fwd.HEAD_DIMS}"
     if s.Q0 or s.QP:
         return "it needs q as long as k (no tail queries)"
     if s.softcap:

@@ -18,7 +18,8 @@ It is the FLAG launch of the two-launch containment (`host.add_contained`): each
 unnormalised o is not finite, and the Triton forward's FIXUP launch recomputes those tiles with containment. Tiles
 are indexed as the Triton forward's programs, so the flags index the same tiles.
 
-Scope (`dispatch.hopper_fwd_why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, every query (no tail queries),
+Scope (`dispatch.hopper_fwd_why_not`): sm_90, 16-bit q/k/v, head dims K = V in `HEAD_DIMS` (the kernel reads D from
+its descriptors' blocks), every query (no tail queries),
 causal with any window or non-causal without one, gated or not, with a sink or not, o_lo and the user's lse where
 asked; no softcap. Dense: T a multiple of 128. Packed (cu_seqlens, causal): sequences of any length, each tile's keys
 counted from its sequence's first token; a tile's rows past its sequence run on the next sequence's q (or TMA's zeros
@@ -44,20 +45,14 @@ LOG2E = math.log2(math.e)
 BM = 128  # queries a program: two consumer warpgroups of 64 (the Triton forward's BT, so flags match)
 BH = 64  # queries of one consumer warpgroup
 BN = 128  # keys a stage
-D = 128
-STAGES = 3  # K/V stages of 64 KB beside q's 32 KB: g8-T8192 878 against 1065 us at 2 (H100)
+HEAD_DIMS = (64, 128)  # K = V; the layouts below and the descriptors' blocks follow D
 NUM_WARPS = 4  # the default partition, the producer; each consumer warpgroup is a worker partition of 4 warps
 CONSUMER_REGS = gl.constexpr(240)
 MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]))
-OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA.value, k_width=2))
-Q_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BH, D], gl.bfloat16))
-KV_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BN, D], gl.bfloat16))
 ROW_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BN], gl.float32))
 BM_C = gl.constexpr(BM)
 BH_C = gl.constexpr(BH)
 BN_C = gl.constexpr(BN)
-D_C = gl.constexpr(D)
-STAGES_C = gl.constexpr(STAGES)
 LOG2E_C = gl.constexpr(LOG2E)
 LN2_C = gl.constexpr(math.log(2.0))
 
@@ -65,6 +60,20 @@ LN2_C = gl.constexpr(math.log(2.0))
 # ----------------------------------------------------------------------------------------------------------------
 # Kernel
 # ----------------------------------------------------------------------------------------------------------------
+
+@gluon.constexpr_function
+def _stages(D):
+    """The K/V ring's stages at head dim D (literals here, so that Triton's cache key sees them)."""
+    if D == 128:
+        return 3  # 64 KB a stage beside q's 32 KB: g8-T8192 878 against 1065 us at 2 (H100)
+    return 3  # D = 64: 32 KB a stage
+
+
+@gluon.constexpr_function
+def _mma_o(D):
+    """The P V product's accumulator layout: o's [BH, D] rows as the scores' (`MMA`) rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+
 
 @gluon.jit
 def _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices):
@@ -101,24 +110,26 @@ def _producer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
     """For each of this program's tiles (program_id, then every num_programs), copies q once both
     consumer warpgroups have released the last tile's (q_empty), then K and V of each key tile into the ring, whose
     count runs on across tiles."""
+    D: gl.constexpr = q_desc.block_shape[1]
+    NS: gl.constexpr = k_smem.shape[0]  # the ring's stages
     i = 0
     c = 0
     for idx in range(gl.program_id(0), NT * B * HQ, gl.num_programs(0)):
         bos, length, i_hq, i_h, t0 = _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices)
         mbarrier.wait(q_empty.index(0), c & 1)
-        mbarrier.expect(q_ready.index(0), 2 * BH_C * D_C * 2)
+        mbarrier.expect(q_ready.index(0), 2 * BH_C * D * 2)
         for i_wg in gl.static_range(2):
-            tma_load(q_desc, [bos + t0 + i_wg * BH_C, i_hq * D_C], q_ready.index(0), q_smem.index(i_wg))
+            tma_load(q_desc, [bos + t0 + i_wg * BH_C, i_hq * D], q_ready.index(0), q_smem.index(i_wg))
         lo, hi = _key_tiles(t0, length, W)
         for j in range(lo, hi):
-            s = i % STAGES_C
-            mbarrier.wait(kv_empty.index(s), (i // STAGES_C) & 1)
-            mbarrier.expect(k_ready.index(s), BN_C * D_C * 2 + (BN_C * 4 if gc is not None else 0))
-            tma_load(k_desc, [bos + j * BN_C, i_h * D_C], k_ready.index(s), k_smem.index(s))
+            s = i % NS
+            mbarrier.wait(kv_empty.index(s), (i // NS) & 1)
+            mbarrier.expect(k_ready.index(s), BN_C * D * 2 + (BN_C * 4 if gc is not None else 0))
+            tma_load(k_desc, [bos + j * BN_C, i_h * D], k_ready.index(s), k_smem.index(s))
             if gc is not None:  # the keys' gate cumsum, with K
                 tma_load(gc_desc, [i_hq * (B * T) + bos + j * BN_C], k_ready.index(s), gk_smem.index(s))
-            mbarrier.expect(v_ready.index(s), BN_C * D_C * 2)
-            tma_load(v_desc, [bos + j * BN_C, i_h * D_C], v_ready.index(s), v_smem.index(s))
+            mbarrier.expect(v_ready.index(s), BN_C * D * 2)
+            tma_load(v_desc, [bos + j * BN_C, i_h * D], v_ready.index(s), v_smem.index(s))
             i += 1
         c += 1
 
@@ -179,8 +190,14 @@ def _consumer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
     each sees; then the tile's o, lse, o_lo, the user's lse and its part of the tile's flag. q is released after the
     tile's last S product, so the producer loads the next tile's under this one's last P V product and epilogue."""
     dtype: gl.constexpr = q_desc.dtype
+    D: gl.constexpr = q_desc.block_shape[1]
+    MMA_O: gl.constexpr = _mma_o(D)
+    OPERAND_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
+    NS: gl.constexpr = k_smem.shape[0]  # the ring's stages
     o_r = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA))
     zero = gl.zeros([BH_C, BN_C], gl.float32, MMA)
+    zero_o = gl.zeros([BH_C, D], gl.float32, MMA_O)
     b_q = q_smem.index(i_wg)
     i0 = 0
     c = 0
@@ -195,19 +212,19 @@ def _consumer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
             b_gq = gl.load(gc + i_hq.to(gl.int64) * (B * T) + bos + t0r + o_r, mask=m_r, other=0.0)
         mbarrier.wait(q_ready.index(0), c & 1)
         lo, hi = _key_tiles(t0, length, W)
-        s = i0 % STAGES_C
-        mbarrier.wait(k_ready.index(s), (i0 // STAGES_C) & 1)
+        s = i0 % NS
+        mbarrier.wait(k_ready.index(s), (i0 // NS) & 1)
         tok = warpgroup_mma(b_q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
         b_s = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
         b_p, _, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, lo, t0, t0r, W, qk_scale)
-        acc = zero
+        acc = zero_o
         for j in range(lo + 1, hi):
             i = i0 + j - lo
-            s = i % STAGES_C
-            sp = (i - 1) % STAGES_C
+            s = i % NS
+            sp = (i - 1) % NS
             b_pa = gl.convert_layout(b_p.to(dtype), OPERAND_A)
-            mbarrier.wait(k_ready.index(s), (i // STAGES_C) & 1)
-            mbarrier.wait(v_ready.index(sp), ((i - 1) // STAGES_C) & 1)
+            mbarrier.wait(k_ready.index(s), (i // NS) & 1)
+            mbarrier.wait(v_ready.index(sp), ((i - 1) // NS) & 1)
             tok = warpgroup_mma(b_q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
             acc = warpgroup_mma(b_pa, v_smem.index(sp), acc, is_async=True)
             b_s = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))  # S_j; P V of tile j - 1 stays in flight
@@ -215,12 +232,12 @@ def _consumer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
                                                       qk_scale)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(kv_empty.index(sp), count=1)
-            acc = acc * b_alpha[:, None]
+            acc = acc * gl.convert_layout(b_alpha, ROW_O)[:, None]
         mbarrier.arrive(q_empty.index(0), count=1)  # every product with q has been waited for
         i = i0 + hi - 1 - lo
-        s = i % STAGES_C
+        s = i % NS
         b_pa = gl.convert_layout(b_p.to(dtype), OPERAND_A)
-        mbarrier.wait(v_ready.index(s), (i // STAGES_C) & 1)
+        mbarrier.wait(v_ready.index(s), (i // NS) & 1)
         acc = warpgroup_mma(b_pa, v_smem.index(s), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_empty.index(s), count=1)  # the tile's last stage, for the next tile's copies
@@ -241,21 +258,23 @@ def _consumer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
             b_m_new = gl.maximum(b_m, b_sink)
             b_alpha = gl.exp2(b_m - b_m_new)
             b_l = b_l * b_alpha + gl.exp2(b_sink - b_m_new)
-            acc = acc * b_alpha[:, None]
+            acc = acc * gl.convert_layout(b_alpha, ROW_O)[:, None]
             b_m = b_m_new
-        acc = acc / b_l[:, None]
+        acc = acc / gl.convert_layout(b_l, ROW_O)[:, None]
         b_or = acc.to(dtype)
         rows = bos + t0r + o_r
-        o_c = gl.arange(0, D_C, layout=gl.SliceLayout(0, MMA))
-        p_o = (rows.to(gl.int64) * HQ + i_hq)[:, None] * D_C + o_c[None, :]
-        gl.store(o + p_o, b_or, mask=m_r[:, None])
+        rows_o = gl.convert_layout(rows, ROW_O)
+        o_c = gl.arange(0, D, layout=gl.SliceLayout(0, MMA_O))
+        p_o = (rows_o.to(gl.int64) * HQ + i_hq)[:, None] * D + o_c[None, :]
+        gl.store(o + p_o, b_or, mask=gl.convert_layout(m_r, ROW_O)[:, None])
         if o_lo is not None:  # `inner.o_lo_encode`
             b_d = acc.to(gl.int32, bitcast=True) - b_or.to(gl.float32).to(gl.int32, bitcast=True)
             if dtype == gl.bfloat16:
                 b_d = (b_d + 256) >> 9
             else:
                 b_d = (b_d + 32) >> 6
-            gl.store(o_lo + p_o, gl.minimum(gl.maximum(b_d, -128), 127).to(gl.int8), mask=m_r[:, None])
+            gl.store(o_lo + p_o, gl.minimum(gl.maximum(b_d, -128), 127).to(gl.int8),
+                     mask=gl.convert_layout(m_r, ROW_O)[:, None])
         b_lse = b_m + gl.log2(b_l)
         gl.store(lse + i_hq.to(gl.int64) * (B * T) + rows, b_lse, mask=m_r)
         if lse_out is not None:
@@ -276,25 +295,28 @@ def parallel_attn_fwd_kernel_hopper(
     `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view, else None); with a sink: sink_bias `[HQ]`; o_lo (int8, o's
     shape) and lse_out (`[B * T, HQ]`, natural log) where not None."""
     dtype: gl.constexpr = q_desc.dtype
+    D: gl.constexpr = q_desc.block_shape[1]
+    gl.static_assert(k_desc.block_shape[1] == D and v_desc.block_shape[1] == D)
+    NS: gl.constexpr = _stages(D)
     qk_scale = scale * LOG2E_C  # in fp32 here, as the Triton forward's `inner.score_scales`
-    q_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D_C], Q_SMEM)  # [consumer warpgroup, query, d]
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BN_C, D_C], KV_SMEM)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BN_C, D_C], KV_SMEM)
+    q_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D], q_desc.layout)  # [consumer warpgroup, query, d]
+    k_smem = gl.allocate_shared_memory(dtype, [NS, BN_C, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NS, BN_C, D], v_desc.layout)
     gk_smem = q_smem  # not read without a gate
     if gc is not None:
-        gk_smem = gl.allocate_shared_memory(gl.float32, [STAGES_C, BN_C], ROW_SMEM)
+        gk_smem = gl.allocate_shared_memory(gl.float32, [NS, BN_C], ROW_SMEM)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     flag_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES_C, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready.index(0), count=1)
     mbarrier.init(q_empty.index(0), count=2)  # one arrival a consumer warpgroup
     mbarrier.arrive(q_empty.index(0), count=2)  # free for the first tile
     for b in gl.static_range(2):
         mbarrier.init(flag_bar.index(b), count=1)
-    for s in gl.static_range(STAGES_C):
+    for s in gl.static_range(NS):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=2)  # one arrival a consumer warpgroup
@@ -317,6 +339,11 @@ def parallel_attn_fwd_kernel_hopper(
 # Launch
 # ----------------------------------------------------------------------------------------------------------------
 
+def smem_layout(block: list):
+    """The shared-memory layout of a 16-bit TMA block (q's, K's, V's): its descriptor carries it into the kernel."""
+    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+
+
 def programs(s, tiles: int, packed: bool) -> int:
     """The programs of a launch over `tiles` query tiles of a call of Shape s: one an SM (persistent: the next tile's q
     and K/V load under this tile's epilogue) where that measured faster, one a tile elsewhere (H100)."""
@@ -334,10 +361,10 @@ class HopperFwdLaunch(DescriptorLaunch):
     `host.add_fwd` gives them."""
 
     def __init__(self, s, args: dict):
-        rows = s.B * s.T
-        table = (("q", "q", (rows, s.HQ * D), [BH, D], Q_SMEM.value),
-                 ("k", "k", (rows, s.H * D), [BN, D], KV_SMEM.value),
-                 ("v", "v", (rows, s.H * D), [BN, D], KV_SMEM.value))
+        rows, D = s.B * s.T, s.K
+        table = (("q", "q", (rows, s.HQ * D), [BH, D], smem_layout([BH, D])),
+                 ("k", "k", (rows, s.H * D), [BN, D], smem_layout([BN, D])),
+                 ("v", "v", (rows, s.H * D), [BN, D], smem_layout([BN, D])))
         gated = args["g_cumsum"] is not None
         if gated:
             table += (("gc", args["g_cumsum"].name, (-1,), [BN], ROW_SMEM.value),)
