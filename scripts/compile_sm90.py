@@ -120,7 +120,7 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
 
     fn = GF.parallel_attn_fwd_kernel_hopper
     e = TYPES[dtype]
-    q_block, kv_block = [GF.BH, D], [GF.BN, D]
+    q_block, kv_block = [GF.BH, D], [GF.KEYS[D], D]
     sig = dict(q_desc=f"tensordesc<{e}{q_block},{GF.smem_layout(q_block)!r}>",
                k_desc=f"tensordesc<{e}{kv_block},{GF.smem_layout(kv_block)!r}>", lse="*fp32", nonfinite="*i8",
                B="i32", T="i32", NT="i32", scale="fp32")
@@ -131,7 +131,7 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
     else:
         values["W"] = None
     if gated:
-        sig.update(gc_desc=f"tensordesc<fp32[128],{GF.ROW_SMEM.value!r}>", gc="*fp32")
+        sig.update(gc_desc=f"tensordesc<fp32[{GF.KEYS[D]}],{GF.row_smem_layout(GF.KEYS[D])!r}>", gc="*fp32")
     else:
         values.update(gc_desc=None, gc=None)
     for name, on, ty in (("sink_bias", sink, "*fp32"), ("o_lo", o_lo, "*i8"), ("lse_out", lse_out, "*fp32"),

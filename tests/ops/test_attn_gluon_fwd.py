@@ -58,7 +58,11 @@ class FwdSpy:
 
 def test_tiles_match_the_triton_forward():
     """The flags of the FLAG launch index the Triton forward's programs: both take 128 queries a program."""
-    assert config.TILE_CONFIGS[(True, False)]["fwd"]["BT"] == gluon_fwd.BM  # 16-bit, head dims up to 128
+    for wide in (False, True):  # 16-bit, head dims up to 128 and above
+        fwd = config.TILE_CONFIGS[(True, wide)]["fwd"]
+        assert fwd["BT"] == gluon_fwd.BM
+        assert fwd["BS"] == gluon_fwd.KEYS[256 if wide else 128]  # `_masked` is the Triton forward's key_ranges
+    assert gluon_fwd.KEYS[64] == gluon_fwd.KEYS[128]
 
 
 def test_out_of_scope_calls_say_why():
@@ -68,7 +72,7 @@ def test_out_of_scope_calls_say_why():
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, True) is None
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda, W=300), cuda, True) is None  # windows run
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda, WR=2048), cuda, True) is None  # non-causal runs
-        for kw, why in [(dict(K=96, V=96), "K = V in (64, 128)"), (dict(K=128, V=64), "K = V in (64, 128)"), (dict(dtype=torch.float32), "16-bit"),
+        for kw, why in [(dict(K=96, V=96), "K = V in (64, 128, 256)"), (dict(K=128, V=64), "K = V in (64, 128, 256)"), (dict(dtype=torch.float32), "16-bit"),
                         (dict(T=1000, W=1000), "multiple of 128"), (dict(Q0=128), "tail queries"),
                         (dict(softcap=30.0), "softcap"), (dict(WR=5), "without a window"),
                         (dict(WR=1024, W=64), "without a window"), (dict(B=2**18, g_dtype=torch.float32), "HQ * B * T"),
@@ -201,9 +205,10 @@ def test_plan_step_describes_the_inputs(D):
                k=torch.zeros(B, T, H, D, dtype=bf16), v=torch.zeros(B, T, H, D, dtype=bf16))
     step._descriptors(env)
     layout = gl.NVMMASharedLayout.get_default_for
+    BN = gluon_fwd.KEYS[D]
     expected = {"q": ([B * T, HQ * D], [64, D], layout([64, D], gl.bfloat16)),
-                "k": ([B * T, H * D], [128, D], layout([128, D], gl.bfloat16)),
-                "v": ([B * T, H * D], [128, D], layout([128, D], gl.bfloat16))}
+                "k": ([B * T, H * D], [BN, D], layout([BN, D], gl.bfloat16)),
+                "v": ([B * T, H * D], [BN, D], layout([BN, D], gl.bfloat16))}
     for name, (shape, block, layout) in expected.items():
         d = env["_hopper_fwd_desc_" + name]
         assert d.base.data_ptr() == env[name].data_ptr(), name
@@ -229,7 +234,11 @@ GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ
              # Head dim 64: the same kernel, its blocks and the P V product's layout from the descriptors.
              Case(B=2, T=384, HQ=8, H=2, K=64, dtype=bf16), Case(B=1, T=640, HQ=4, H=1, K=64, dtype=f16, window=200),
              Case(B=1, T=384, HQ=4, H=2, K=64, dtype=bf16, gate=True, sink=0.5),
-             Case(B=1, T=700, HQ=4, H=2, K=64, dtype=bf16, cu_seqlens=(0, 1, 1, 300, 700))]
+             Case(B=1, T=700, HQ=4, H=2, K=64, dtype=bf16, cu_seqlens=(0, 1, 1, 300, 700)),
+             # Head dim 256: key tiles of 64 (the diagonal spans two), two stages.
+             Case(B=2, T=384, HQ=4, H=2, K=256, dtype=bf16), Case(B=1, T=512, HQ=4, H=1, K=256, dtype=f16, window=100),
+             Case(B=1, T=256, HQ=4, H=2, K=256, dtype=bf16, gate=True, sink=0.5),
+             Case(B=1, T=530, HQ=4, H=2, K=256, dtype=bf16, cu_seqlens=(0, 129, 130, 400, 530))]
 
 
 @needs_hopper
@@ -245,8 +254,9 @@ def test_matches_oracle(case, monkeypatch):
 @needs_hopper
 @pytest.mark.parametrize("case", [Case(B=1, T=384, HQ=4, H=2, K=128, dtype=bf16),
                                   Case(B=2, T=256, HQ=4, H=4, K=128, dtype=f16, sink=float("nan")),
-                                  Case(B=1, T=256, HQ=8, H=2, K=64, dtype=bf16)],
-                         ids=["g2", "mha-sink", "D64"])
+                                  Case(B=1, T=256, HQ=8, H=2, K=64, dtype=bf16),
+                                  Case(B=1, T=256, HQ=4, H=2, K=256, dtype=bf16)],
+                         ids=["g2", "mha-sink", "D64", "D256"])
 def test_noncausal_matches_oracle(case, monkeypatch):
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
     spy = FwdSpy(monkeypatch)
@@ -292,9 +302,12 @@ def test_bitwise_repeatable_and_auto_takes_it(monkeypatch):
 @pytest.mark.parametrize("kw", [dict(), dict(window_size=300), dict(window_right=-1), dict(gate=True),
                                 dict(gate=True, window_size=200), dict(sink=True), dict(packed=True),
                                 dict(packed=True, sink=True, window_size=200), dict(D=64), dict(D=64, gate=True),
-                                dict(D=64, window_right=-1), dict(D=64, packed=True, window_size=200)],
+                                dict(D=64, window_right=-1), dict(D=64, packed=True, window_size=200), dict(D=256),
+                                dict(D=256, gate=True, window_size=300), dict(D=256, window_right=-1),
+                                dict(D=256, packed=True, sink=True)],
                          ids=["causal", "W300", "noncausal", "gated", "gated-W200", "sink", "packed",
-                              "packed-sink-W200", "D64", "D64-gated", "D64-noncausal", "D64-packed-W200"])
+                              "packed-sink-W200", "D64", "D64-gated", "D64-noncausal", "D64-packed-W200", "D256",
+                              "D256-gated-W300", "D256-noncausal", "D256-packed-sink"])
 def test_rounds_as_the_triton_forward(kw, monkeypatch):
     """o, lse and o_lo bitwise the Triton forward's (what containment needs: the Triton FIXUP launch recomputes a
     flagged tile, whose finite rows must be the clean run's), for the rounding each choice of `_softmax` makes."""

@@ -44,15 +44,12 @@ from fla_bwd.ops.utils.descriptor_launch import DescriptorLaunch
 LOG2E = math.log2(math.e)
 BM = 128  # queries a program: two consumer warpgroups of 64 (the Triton forward's BT, so flags match)
 BH = 64  # queries of one consumer warpgroup
-BN = 128  # keys a stage
-HEAD_DIMS = (64, 128)  # K = V; the layouts below and the descriptors' blocks follow D
+KEYS = {64: 128, 128: 128, 256: 64}  # keys a stage by D (the Triton forward's BS; 256: two 64 KB stages fit)
+HEAD_DIMS = (64, 128, 256)  # K = V; the layouts below and the descriptors' blocks follow D
 NUM_WARPS = 4  # the default partition, the producer; each consumer warpgroup is a worker partition of 4 warps
 CONSUMER_REGS = gl.constexpr(240)
-MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]))
-ROW_SMEM = gl.constexpr(gl.NVMMASharedLayout.get_default_for([BN], gl.float32))
 BM_C = gl.constexpr(BM)
 BH_C = gl.constexpr(BH)
-BN_C = gl.constexpr(BN)
 LOG2E_C = gl.constexpr(LOG2E)
 LN2_C = gl.constexpr(math.log(2.0))
 
@@ -66,13 +63,16 @@ def _stages(D):
     """The K/V ring's stages at head dim D (literals here, so that Triton's cache key sees them)."""
     if D == 128:
         return 3  # 64 KB a stage beside q's 32 KB: g8-T8192 878 against 1065 us at 2 (H100)
+    if D == 256:
+        return 2  # 64 KB a stage of 64 keys beside q's 64 KB: a third does not fit
     return 3  # D = 64: 32 KB a stage
 
 
 @gluon.constexpr_function
-def _mma_o(D):
-    """The P V product's accumulator layout: o's [BH, D] rows as the scores' (`MMA`) rows."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+def _mma(N):
+    """The layout of a consumer warpgroup's [BH, N] accumulator (the scores' at N = BN, o's at N = D): the same rows
+    a thread for every N."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16])
 
 
 @gluon.jit
@@ -95,12 +95,14 @@ def _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices):
 
 
 @gluon.jit
-def _key_tiles(t0, T, W):
-    """The key tiles [lo, hi) that the query tile [t0, t0 + BM) of a sequence of T tokens sees: causal (W not None),
-    keys [i - W + 1, i]; else all."""
+def _key_tiles(t0, T, W, BN: gl.constexpr):
+    """The key tiles [lo, hi) of BN keys that the query tile [t0, t0 + BM) of a sequence of T tokens sees: causal (W
+    not None), keys [i - W + 1, i]; else all."""
     if W is not None:
-        return gl.maximum(t0 - W + 1, 0) // BN_C, t0 // BN_C + 1
-    return 0, T // BN_C
+        if BN == BM_C:  # the diagonal is one key tile
+            return gl.maximum(t0 - W + 1, 0) // BN, t0 // BN + 1
+        return gl.maximum(t0 - W + 1, 0) // BN, gl.cdiv(gl.minimum(t0 + BM_C, T), BN)
+    return 0, T // BN
 
 
 @gluon.jit
@@ -111,6 +113,7 @@ def _producer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
     consumer warpgroups have released the last tile's (q_empty), then K and V of each key tile into the ring, whose
     count runs on across tiles."""
     D: gl.constexpr = q_desc.block_shape[1]
+    BN: gl.constexpr = k_desc.block_shape[0]
     NS: gl.constexpr = k_smem.shape[0]  # the ring's stages
     i = 0
     c = 0
@@ -120,16 +123,16 @@ def _producer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
         mbarrier.expect(q_ready.index(0), 2 * BH_C * D * 2)
         for i_wg in gl.static_range(2):
             tma_load(q_desc, [bos + t0 + i_wg * BH_C, i_hq * D], q_ready.index(0), q_smem.index(i_wg))
-        lo, hi = _key_tiles(t0, length, W)
+        lo, hi = _key_tiles(t0, length, W, BN)
         for j in range(lo, hi):
             s = i % NS
             mbarrier.wait(kv_empty.index(s), (i // NS) & 1)
-            mbarrier.expect(k_ready.index(s), BN_C * D * 2 + (BN_C * 4 if gc is not None else 0))
-            tma_load(k_desc, [bos + j * BN_C, i_h * D], k_ready.index(s), k_smem.index(s))
+            mbarrier.expect(k_ready.index(s), BN * D * 2 + (BN * 4 if gc is not None else 0))
+            tma_load(k_desc, [bos + j * BN, i_h * D], k_ready.index(s), k_smem.index(s))
             if gc is not None:  # the keys' gate cumsum, with K
-                tma_load(gc_desc, [i_hq * (B * T) + bos + j * BN_C], k_ready.index(s), gk_smem.index(s))
-            mbarrier.expect(v_ready.index(s), BN_C * D * 2)
-            tma_load(v_desc, [bos + j * BN_C, i_h * D], v_ready.index(s), v_smem.index(s))
+                tma_load(gc_desc, [i_hq * (B * T) + bos + j * BN], k_ready.index(s), gk_smem.index(s))
+            mbarrier.expect(v_ready.index(s), BN * D * 2)
+            tma_load(v_desc, [bos + j * BN, i_h * D], v_ready.index(s), v_smem.index(s))
             i += 1
         c += 1
 
@@ -142,6 +145,8 @@ def _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, MAS
     s). MASK: a tile the Triton forward masks (`_masked`); unmasked ungated tiles take exp2 of one fma. Both fmas are
     the ones LLVM contracts the Triton forward's code into, made explicit here, where it contracted neither. A row
     that sees nothing yet keeps m = -inf and subtracts 0."""
+    MMA: gl.constexpr = b_qk.type.layout
+    BN: gl.constexpr = b_qk.shape[1]
     if gc is not None:
         b_gk = gk_smem.index(s).load(gl.SliceLayout(0, MMA))
         b_s = gl.fma(b_qk, qk_scale, b_gq[:, None] - b_gk[None, :])
@@ -149,7 +154,7 @@ def _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, MAS
         b_s = b_qk * qk_scale
     if MASK:
         o_q = (t0r + o_r)[:, None]
-        o_k = (j * BN_C + gl.arange(0, BN_C, layout=gl.SliceLayout(0, MMA)))[None, :]
+        o_k = (j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, MMA)))[None, :]
         b_s = gl.where((o_k <= o_q) & (o_k > o_q - W), b_s, float("-inf"))
     b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
     b_m_ref = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
@@ -162,12 +167,12 @@ def _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, MAS
 
 
 @gluon.jit
-def _masked(j, t0, W):
-    """Whether the Triton forward masks key tile j of the query tile [t0, t0 + BM) (`inner.key_ranges`, BT = BS =
-    128, causal: W not None): the window's edge [lo, mid) and the diagonal."""
-    lo = gl.maximum(t0 - W + 1, 0) // BN_C * BN_C
-    mid = gl.maximum(lo, gl.minimum(gl.cdiv(gl.maximum(t0 + BM_C - W, 0), BN_C) * BN_C, t0))
-    return (j * BN_C < mid) | (j * BN_C >= t0)
+def _masked(j, t0, W, BN: gl.constexpr):
+    """Whether the Triton forward masks key tile j of the query tile [t0, t0 + BM) (`inner.key_ranges`, BT = 128, BS =
+    BN, causal: W not None): the window's edge [lo, mid) and the diagonal."""
+    lo = gl.maximum(t0 - W + 1, 0) // BN * BN
+    mid = gl.maximum(lo, gl.minimum(gl.cdiv(gl.maximum(t0 + BM_C - W, 0), BN) * BN, t0))
+    return (j * BN < mid) | (j * BN >= t0)
 
 
 @gluon.jit
@@ -175,7 +180,7 @@ def _softmax_of_tile(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W, q
     """`_softmax` of key tile j, masked where the Triton forward masks it (never without causality, W None)."""
     if W is None:
         b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, False)
-    elif _masked(j, t0, W):
+    elif _masked(j, t0, W, b_qk.shape[1]):
         b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, True)
     else:
         b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, False)
@@ -191,12 +196,14 @@ def _consumer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
     tile's last S product, so the producer loads the next tile's under this one's last P V product and epilogue."""
     dtype: gl.constexpr = q_desc.dtype
     D: gl.constexpr = q_desc.block_shape[1]
-    MMA_O: gl.constexpr = _mma_o(D)
+    BN: gl.constexpr = k_desc.block_shape[0]
+    MMA: gl.constexpr = _mma(BN)
+    MMA_O: gl.constexpr = _mma(D)
     OPERAND_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
     ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
     NS: gl.constexpr = k_smem.shape[0]  # the ring's stages
     o_r = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA))
-    zero = gl.zeros([BH_C, BN_C], gl.float32, MMA)
+    zero = gl.zeros([BH_C, BN], gl.float32, MMA)
     zero_o = gl.zeros([BH_C, D], gl.float32, MMA_O)
     b_q = q_smem.index(i_wg)
     i0 = 0
@@ -211,7 +218,7 @@ def _consumer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
         if gc is not None:  # [HQ, B * T] fp32, base 2
             b_gq = gl.load(gc + i_hq.to(gl.int64) * (B * T) + bos + t0r + o_r, mask=m_r, other=0.0)
         mbarrier.wait(q_ready.index(0), c & 1)
-        lo, hi = _key_tiles(t0, length, W)
+        lo, hi = _key_tiles(t0, length, W, BN)
         s = i0 % NS
         mbarrier.wait(k_ready.index(s), (i0 // NS) & 1)
         tok = warpgroup_mma(b_q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -300,11 +307,12 @@ def parallel_attn_fwd_kernel_hopper(
     NS: gl.constexpr = _stages(D)
     qk_scale = scale * LOG2E_C  # in fp32 here, as the Triton forward's `inner.score_scales`
     q_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D], q_desc.layout)  # [consumer warpgroup, query, d]
-    k_smem = gl.allocate_shared_memory(dtype, [NS, BN_C, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NS, BN_C, D], v_desc.layout)
+    BN: gl.constexpr = k_desc.block_shape[0]
+    k_smem = gl.allocate_shared_memory(dtype, [NS, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NS, BN, D], v_desc.layout)
     gk_smem = q_smem  # not read without a gate
     if gc is not None:
-        gk_smem = gl.allocate_shared_memory(gl.float32, [NS, BN_C], ROW_SMEM)
+        gk_smem = gl.allocate_shared_memory(gl.float32, [NS, BN], gc_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     flag_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -344,6 +352,11 @@ def smem_layout(block: list):
     return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
 
 
+def row_smem_layout(BN: int):
+    """The shared-memory layout of the keys' gate cumsum, a [BN] fp32 TMA block."""
+    return gl.NVMMASharedLayout.get_default_for([BN], gl.float32)
+
+
 def programs(s, tiles: int, packed: bool) -> int:
     """The programs of a launch over `tiles` query tiles of a call of Shape s: one an SM (persistent: the next tile's q
     and K/V load under this tile's epilogue) where that measured faster, one a tile elsewhere (H100)."""
@@ -362,12 +375,13 @@ class HopperFwdLaunch(DescriptorLaunch):
 
     def __init__(self, s, args: dict):
         rows, D = s.B * s.T, s.K
+        BN = KEYS[D]
         table = (("q", "q", (rows, s.HQ * D), [BH, D], smem_layout([BH, D])),
                  ("k", "k", (rows, s.H * D), [BN, D], smem_layout([BN, D])),
                  ("v", "v", (rows, s.H * D), [BN, D], smem_layout([BN, D])))
         gated = args["g_cumsum"] is not None
         if gated:
-            table += (("gc", args["g_cumsum"].name, (-1,), [BN], ROW_SMEM.value),)
+            table += (("gc", args["g_cumsum"].name, (-1,), [BN], row_smem_layout(BN)),)
         grid = (programs(s, args["NT"] * s.B * s.HQ, args["chunk_indices"] is not None),)
         super().__init__(parallel_attn_fwd_kernel_hopper, grid, dict(
             o=args["o"], o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
