@@ -131,9 +131,9 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
     else:
         values["W"] = None
     if gated:
-        sig.update(gc_desc=f"tensordesc<fp32[{GF.KEYS[D]}],{GF.row_smem_layout(GF.KEYS[D])!r}>", gc="*fp32")
+        sig.update(gc="*fp32")
     else:
-        values.update(gc_desc=None, gc=None)
+        values.update(gc=None)
     for name, on, ty in (("sink_bias", sink, "*fp32"), ("o_lo", o_lo, "*i8"), ("lse_out", lse_out, "*fp32"),
                          ("cu_seqlens", packed, "*i32"), ("chunk_indices", packed, "*i32")):
         if on:
@@ -153,7 +153,7 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
 HOPPER_FWD_FORMS = ((True, False, False, False, False, False), (False, False, False, False, False, False),
                     (True, True, False, True, False, False), (True, False, True, False, True, False),
                     (True, True, True, True, True, False), (True, False, False, False, False, True),
-                    (True, False, True, False, True, True))
+                    (True, False, True, False, True, True), (True, True, False, False, False, True))
 
 
 def _nvidia_tool(name: str) -> str:

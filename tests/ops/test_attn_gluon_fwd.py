@@ -75,10 +75,11 @@ def test_out_of_scope_calls_say_why():
         for kw, why in [(dict(K=96, V=96), "K = V in (64, 128, 256)"), (dict(K=128, V=64), "K = V in (64, 128, 256)"), (dict(dtype=torch.float32), "16-bit"),
                         (dict(T=1000, W=1000), "multiple of 128"), (dict(Q0=128), "tail queries"),
                         (dict(softcap=30.0), "softcap"), (dict(WR=5), "without a window"),
-                        (dict(WR=1024, W=64), "without a window"), (dict(B=2**18, g_dtype=torch.float32), "HQ * B * T"),
-                        (dict(B=2**21, T=1024), "B * T")]:
+                        (dict(WR=1024, W=64), "without a window"), (dict(B=2**21, T=1024), "B * T")]:
             assert why in dispatch.hopper_fwd_why_not(_shape(device=cuda, **kw), cuda, True), kw
         assert "16-byte aligned" in dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, False)
+        # The gate's cumsum is read by pointer (int64): HQ * B * T past 2**31 runs.
+        assert dispatch.hopper_fwd_why_not(_shape(device=cuda, B=2**18, g_dtype=torch.float32), cuda, True) is None
         # Packed (B = 1): sequences of any length, causal only, every query.
         def packed(**kw):
             return _shape(**dict(dict(device=cuda, B=1, T=1000, W=1000), **kw))
@@ -87,7 +88,7 @@ def test_out_of_scope_calls_say_why():
         assert dispatch.hopper_fwd_why_not(packed(W=64, sink_dtype=bf16), cuda, True, dense=False) is None
         assert "causal attention only" in dispatch.hopper_fwd_why_not(packed(WR=1000), cuda, True, False)
         assert "tail queries" in dispatch.hopper_fwd_why_not(packed(QP=True), cuda, True, False)
-        assert "packed with a gate" in dispatch.hopper_fwd_why_not(packed(g_dtype=torch.float32), cuda, True, False)
+        assert dispatch.hopper_fwd_why_not(packed(g_dtype=torch.float32), cuda, True, dense=False) is None
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(W=256), dict(WR=2048), dict(g_dtype=torch.float32),
@@ -231,6 +232,10 @@ GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ
              Case(B=1, T=700, HQ=4, H=2, K=128, dtype=bf16, cu_seqlens=(0, 1, 1, 300, 700)),
              Case(B=1, T=530, HQ=8, H=2, K=128, dtype=f16, cu_seqlens=(0, 129, 130, 400, 530), window=100),
              Case(B=1, T=600, HQ=4, H=1, K=128, dtype=bf16, cu_seqlens=(0, 250, 600), sink=1.0),
+             # Packed and gated: sequences start off 16 bytes (the gate's cumsum by cp.async).
+             Case(B=1, T=700, HQ=4, H=2, K=128, dtype=bf16, cu_seqlens=(0, 1, 1, 301, 700), gate=True),
+             Case(B=1, T=530, HQ=8, H=2, K=128, dtype=f16, cu_seqlens=(0, 129, 130, 403, 530), window=100, gate=True,
+                  sink=0.5),
              # Head dim 64: the same kernel, its blocks and the P V product's layout from the descriptors.
              Case(B=2, T=384, HQ=8, H=2, K=64, dtype=bf16), Case(B=1, T=640, HQ=4, H=1, K=64, dtype=f16, window=200),
              Case(B=1, T=384, HQ=4, H=2, K=64, dtype=bf16, gate=True, sink=0.5),
@@ -304,10 +309,12 @@ def test_bitwise_repeatable_and_auto_takes_it(monkeypatch):
                                 dict(packed=True, sink=True, window_size=200), dict(D=64), dict(D=64, gate=True),
                                 dict(D=64, window_right=-1), dict(D=64, packed=True, window_size=200), dict(D=256),
                                 dict(D=256, gate=True, window_size=300), dict(D=256, window_right=-1),
-                                dict(D=256, packed=True, sink=True)],
+                                dict(D=256, packed=True, sink=True), dict(packed=True, gate=True),
+                                dict(D=256, packed=True, gate=True, window_size=200)],
                          ids=["causal", "W300", "noncausal", "gated", "gated-W200", "sink", "packed",
                               "packed-sink-W200", "D64", "D64-gated", "D64-noncausal", "D64-packed-W200", "D256",
-                              "D256-gated-W300", "D256-noncausal", "D256-packed-sink"])
+                              "D256-gated-W300", "D256-noncausal", "D256-packed-sink", "packed-gated",
+                              "D256-packed-gated-W200"])
 def test_rounds_as_the_triton_forward(kw, monkeypatch):
     """o, lse and o_lo bitwise the Triton forward's (what containment needs: the Triton FIXUP launch recomputes a
     flagged tile, whose finite rows must be the clean run's), for the rounding each choice of `_softmax` makes."""

@@ -106,14 +106,10 @@ def hopper_fwd_why_not(s, device: torch.device, aligned: bool, dense: bool = Tru
         return "it runs non-causal attention without a window only"
     if not dense and s.WR is not None:
         return "packed: it runs causal attention only"
-    if not dense and s.g_dtype is not None:  # sequences start anywhere: the 1-D copy of gc faulted off 16 bytes
-        return "packed with a gate: its TMA copy of the keys' gate cumsum needs tile-aligned sequence starts"
     if dense and s.T % BM:  # packed sequences of any length: their tiles' rows are masked
         return f"it needs T to be a multiple of {BM}"
     if s.B * s.T >= 2**31:
         return "B * T must stay under 2**31 (TMA coordinates)"
-    if s.g_dtype is not None and s.HQ * s.B * s.T >= 2**31:
-        return "gated: HQ * B * T must stay under 2**31 (TMA coordinates of the gate's cumsum)"
     if not aligned:
         return "q, k and v must start at 16-byte aligned addresses (TMA)"
     return None

@@ -32,6 +32,8 @@ import math
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
 from fla_bwd.ops.attn.config import sm_count
 from fla_bwd.ops.attn.gluon_hopper import (
     mbarrier,
@@ -48,6 +50,9 @@ KEYS = {64: 128, 128: 128, 256: 64}  # keys a stage by D (the Triton forward's B
 HEAD_DIMS = (64, 128, 256)  # K = V; the layouts below and the descriptors' blocks follow D
 NUM_WARPS = 4  # the default partition, the producer; each consumer warpgroup is a worker partition of 4 warps
 CONSUMER_REGS = gl.constexpr(240)
+ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))  # the keys' gate cumsum, by cp.async
+PRODUCER_THREADS = gl.constexpr(32 * NUM_WARPS)
+GK_LOAD = gl.constexpr(gl.BlockedLayout([1], [32], [NUM_WARPS], [0]))  # of the keys' gate cumsum: a key a thread
 BM_C = gl.constexpr(BM)
 BH_C = gl.constexpr(BH)
 LOG2E_C = gl.constexpr(LOG2E)
@@ -106,7 +111,7 @@ def _key_tiles(t0, T, W, BN: gl.constexpr):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+def _producer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
               chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
               v_ready, kv_empty, flag_bar, G):
     """For each of this program's tiles (program_id, then every num_programs), copies q once both
@@ -127,10 +132,14 @@ def _producer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
         for j in range(lo, hi):
             s = i % NS
             mbarrier.wait(kv_empty.index(s), (i // NS) & 1)
-            mbarrier.expect(k_ready.index(s), BN * D * 2 + (BN * 4 if gc is not None else 0))
+            if gc is not None:  # the keys' gate cumsum: each thread's copy arrives on K's barrier (a TMA copy
+                # would need 16-byte aligned starts, which packed sequences do not have)
+                t_k = bos + j * BN + gl.arange(0, BN, layout=GK_LOAD)
+                async_copy.async_copy_global_to_shared(gk_smem.index(s), gc + i_hq.to(gl.int64) * (B * T) + t_k,
+                                                       mask=t_k < B * T)
+                async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
+            mbarrier.expect(k_ready.index(s), BN * D * 2)
             tma_load(k_desc, [bos + j * BN, i_h * D], k_ready.index(s), k_smem.index(s))
-            if gc is not None:  # the keys' gate cumsum, with K
-                tma_load(gc_desc, [i_hq * (B * T) + bos + j * BN], k_ready.index(s), gk_smem.index(s))
             mbarrier.expect(v_ready.index(s), BN * D * 2)
             tma_load(v_desc, [bos + j * BN, i_h * D], v_ready.index(s), v_smem.index(s))
             i += 1
@@ -188,7 +197,7 @@ def _softmax_of_tile(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W, q
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+def _consumer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
               chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
               v_ready, kv_empty, flag_bar, G, i_wg):
     """Consumer warpgroup i_wg: queries [64 i_wg, 64 i_wg + 64) of each of this program's tiles, over every key tile
@@ -291,7 +300,7 @@ def _consumer(q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite,
 
 @gluon.jit(do_not_specialize=["B", "T", "NT", "W"])
 def parallel_attn_fwd_kernel_hopper(
-    q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens, chunk_indices, B, T,
+    q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens, chunk_indices, B, T,
     NT, W, scale, HQ: gl.constexpr, G: gl.constexpr,
 ):
     """o `[B, T, HQ, D]` and lse `[HQ, B * T]` (base 2, the sink included) of the 128-query tiles of this program
@@ -299,7 +308,7 @@ def parallel_attn_fwd_kernel_hopper(
     each; q, k, v through their TMA descriptors (`[B * T, heads * D]` views). Packed (B = 1): cu_seqlens and
     chunk_indices (`index.chunk_indices`: NT (sequence, tile) pairs), else None. W: keys [i - W + 1, i] (causal);
     None: every key (a partition sees a None as such, where a constexpr flag would reach it as a value). Gated: gc
-    `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view, else None); with a sink: sink_bias `[HQ]`; o_lo (int8, o's
+    `[HQ, B * T]` (fp32, base 2, copied by cp.async, else None); with a sink: sink_bias `[HQ]`; o_lo (int8, o's
     shape) and lse_out (`[B * T, HQ]`, natural log) where not None."""
     dtype: gl.constexpr = q_desc.dtype
     D: gl.constexpr = q_desc.block_shape[1]
@@ -312,7 +321,7 @@ def parallel_attn_fwd_kernel_hopper(
     v_smem = gl.allocate_shared_memory(dtype, [NS, BN, D], v_desc.layout)
     gk_smem = q_smem  # not read without a gate
     if gc is not None:
-        gk_smem = gl.allocate_shared_memory(gl.float32, [NS, BN], gc_desc.layout)
+        gk_smem = gl.allocate_shared_memory(gl.float32, [NS, BN], ROW_SMEM)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     flag_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -325,18 +334,18 @@ def parallel_attn_fwd_kernel_hopper(
     for b in gl.static_range(2):
         mbarrier.init(flag_bar.index(b), count=1)
     for s in gl.static_range(NS):
-        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(k_ready.index(s), count=1 + (PRODUCER_THREADS if gc is not None else 0))
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=2)  # one arrival a consumer warpgroup
         mbarrier.arrive(kv_empty.index(s), count=2)  # every stage starts free
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
-    producer = (q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+    producer = (q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
                 chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
                 v_ready, kv_empty, flag_bar, G)
-    wg0 = (q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+    wg0 = (q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
            chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
            v_ready, kv_empty, flag_bar, G, 0)
-    wg1 = (q_desc, k_desc, v_desc, o, gc_desc, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
+    wg1 = (q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
            chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
            v_ready, kv_empty, flag_bar, G, 1)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
@@ -350,11 +359,6 @@ def parallel_attn_fwd_kernel_hopper(
 def smem_layout(block: list):
     """The shared-memory layout of a 16-bit TMA block (q's, K's, V's): its descriptor carries it into the kernel."""
     return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
-
-
-def row_smem_layout(BN: int):
-    """The shared-memory layout of the keys' gate cumsum, a [BN] fp32 TMA block."""
-    return gl.NVMMASharedLayout.get_default_for([BN], gl.float32)
 
 
 def programs(s, tiles: int, packed: bool) -> int:
@@ -379,13 +383,10 @@ class HopperFwdLaunch(DescriptorLaunch):
         table = (("q", "q", (rows, s.HQ * D), [BH, D], smem_layout([BH, D])),
                  ("k", "k", (rows, s.H * D), [BN, D], smem_layout([BN, D])),
                  ("v", "v", (rows, s.H * D), [BN, D], smem_layout([BN, D])))
-        gated = args["g_cumsum"] is not None
-        if gated:
-            table += (("gc", args["g_cumsum"].name, (-1,), [BN], row_smem_layout(BN)),)
         grid = (programs(s, args["NT"] * s.B * s.HQ, args["chunk_indices"] is not None),)
         super().__init__(parallel_attn_fwd_kernel_hopper, grid, dict(
             o=args["o"], o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
             gc=args["g_cumsum"], sink_bias=args["sink_bias"], cu_seqlens=args["cu_seqlens"],
             chunk_indices=args["chunk_indices"], B=s.B, T=s.T, NT=args["NT"], W=s.W if s.WR is None else None,
             scale=s.scale, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS,
-            **({} if gated else {"gc_desc": None})), table, "_hopper_fwd_desc_")
+            ), table, "_hopper_fwd_desc_")
