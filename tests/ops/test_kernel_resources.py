@@ -169,15 +169,15 @@ def test_hopper_dkv_kernel_fits_hopper_shared_memory():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_hopper_forward_fits_hopper_shared_memory(dtype):
     """The Gluon forward (`gluon_fwd.py`; scripts/compile_sm90.py --hopper-fwd: causal and not, gated with o_lo,
-    with a sink and the user's lse, all of them, packed alone and packed with a sink and the user's lse) compiles
-    for sm_90 with the Triton installed here and fits: three K/V stages leave it ~1 KB of the 227 KB a block may use
-    (gated)."""
+    with a sink and the user's lse, all of them, packed alone, packed with a sink and the user's lse, and packed
+    gated) at head dims 64, 128 and 256 compiles for sm_90 with the Triton installed here and fits: three K/V stages
+    at D = 128 leave it ~1 KB of the 227 KB a block may use (gated)."""
     import fla_bwd.ops.attn.gluon_fwd  # noqa: F401 - for scripts/find_dependent_tests.py
 
-    rc, lines = compile_sm90_recorded(f"hopper_fwd_{dtype}", ["--hopper-fwd", "--dtype", dtype])
+    rc, lines = compile_sm90_recorded(f"hopper_fwd_{dtype}", ["--hopper-fwd", "--dims", "64,128,256", "--dtype", dtype])
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    assert out.count("smem") == 7, out
+    assert out.count("smem") == 8 * 3, out
 
 
 # --- The subprocess: scripts/compile_sm90.py's main with a record of earlier compiles. ---------------------------
