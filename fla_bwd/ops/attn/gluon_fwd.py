@@ -32,10 +32,10 @@ import math
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
-
 from fla_bwd.ops.attn.config import sm_count
 from fla_bwd.ops.attn.gluon_hopper import (
+    cp_async_arrive,
+    cp_async_load,
     mbarrier,
     tma_load,
     warpgroup_mma,
@@ -135,9 +135,8 @@ def _producer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
             if gc is not None:  # the keys' gate cumsum: each thread's copy arrives on K's barrier (a TMA copy
                 # would need 16-byte aligned starts, which packed sequences do not have)
                 t_k = bos + j * BN + gl.arange(0, BN, layout=GK_LOAD)
-                async_copy.async_copy_global_to_shared(gk_smem.index(s), gc + i_hq.to(gl.int64) * (B * T) + t_k,
-                                                       mask=t_k < B * T)
-                async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
+                cp_async_load(gk_smem.index(s), gc + i_hq.to(gl.int64) * (B * T) + t_k, mask=t_k < B * T)
+                cp_async_arrive(k_ready.index(s), increment_count=False)
             mbarrier.expect(k_ready.index(s), BN * D * 2)
             tma_load(k_desc, [bos + j * BN, i_h * D], k_ready.index(s), k_smem.index(s))
             mbarrier.expect(v_ready.index(s), BN * D * 2)

@@ -1,8 +1,9 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
 """The Gluon primitives for Hopper that both Gluon kernels (`gluon_fwd`, `gluon_dkv`) use, each under one name across
-Triton releases: Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*, later releases (3.9 on CI)
-async_load / async_store."""
+Triton releases: Triton 3.6 (the GPU machine's) names the TMA copies async_copy_* and the cp.async copy
+async_copy_global_to_shared, later releases (3.9 on CI) async_load / async_store."""
 
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -13,5 +14,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
 tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
+cp_async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)  # cp.async, 4 to 16 bytes
+cp_async_arrive = async_copy.mbarrier_arrive  # an mbarrier arrival once the thread's cp.async copies have landed
 
-__all__ = ["fence_async_shared", "mbarrier", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]
+__all__ = ["cp_async_arrive", "cp_async_load", "fence_async_shared", "mbarrier", "tma", "tma_load", "tma_store",
+           "warpgroup_mma", "warpgroup_mma_wait"]
