@@ -83,6 +83,9 @@ FIVE_PRODUCT_MIN_T_HOPPER = 512
 # "auto" runs the Gluon forward (`gluon_fwd`) from this length on: 1.15-1.47x the Triton forward on every row from
 # T = 2048 on (H100), while mha-short (B4 T512) took 75.5 against 66.2 us eager; between them nothing was measured.
 HOPPER_FWD_MIN_T = 2048
+# ... and at these head dims: at 256 (64-key tiles, two stages) it took 399 against 365 us on B2 T2048 G4 and 2327
+# against 2220 on g8-T8192 (H100); at 64, 1.06-1.24x the Triton forward.
+HOPPER_FWD_HEAD_DIMS = (64, 128)
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096).
 FIVE_PRODUCT_SPLITS = (1, 4, 2)

@@ -118,7 +118,7 @@ def hopper_fwd_why_not(s, device: torch.device, aligned: bool, dense: bool = Tru
 def forward_kernel(s, dense: bool, aligned: bool, forced: str, inline: bool) -> tuple:
     """(whether the Hopper kernel runs the forward of a call of Shape s, why): "auto" wherever it can
     (`hopper_fwd_why_not`; two-launch containment: it is the FLAG launch) from `config.HOPPER_FWD_MIN_T` tokens
-    on, "hopper" wherever it can and ValueError elsewhere, "triton" never. `forced`: `forward_knob()`; `inline`: the
+    on at `config.HOPPER_FWD_HEAD_DIMS`, "hopper" wherever it can and ValueError elsewhere, "triton" never. `forced`: `forward_knob()`; `inline`: the
     call contains NaN/Inf inline."""
     if forced == "triton":
         return False, "forced (FLA_BWD_FWD_KERNEL=triton)"
@@ -133,6 +133,8 @@ def forward_kernel(s, dense: bool, aligned: bool, forced: str, inline: bool) -> 
         return False, f"triton: the Hopper kernel cannot run it ({why})"
     if s.T < config.HOPPER_FWD_MIN_T:
         return False, f"triton: T = {s.T} < {config.HOPPER_FWD_MIN_T}, where the Hopper kernel measured faster"
+    if s.K not in config.HOPPER_FWD_HEAD_DIMS:
+        return False, f"triton: head dim {s.K}, where the Triton forward measured faster"
     return True, "hopper: the warp-specialized Gluon kernel runs this call"
 
 

@@ -2,8 +2,8 @@
 """The forward for Hopper, written in Gluon (issue 61): o and the base-2 log-sum-exp of 128-query tiles of one query
 head, as `kernels.parallel_attn_fwd_kernel` computes them, in FlashAttention-3's structure.
 
-Persistent where it measured faster (`programs`): one program an SM walks the tiles of the Triton forward's grid
-(`inner.query_tile`'s order: heads fastest, tiles longest first) with a stride of the programs' count. A producer
+Persistent (`programs`): one program an SM walks the tiles of the Triton forward's grid (`inner.query_tile`'s order:
+heads fastest, tiles longest first), a tile a round, the rounds snaking over the programs (`_tile_of_round`). A producer
 partition copies each tile's q and then each 128-key tile's K and V by TMA into a ring of shared-memory stages
 behind mbarriers (K and V of a stage on barriers of their own: the scores' product waits for K alone; the ring's
 count runs on across tiles). Two consumer warpgroups own 64 queries each and share every K/V stage. Each overlaps
@@ -70,7 +70,7 @@ def _stages(D):
         return 3  # 64 KB a stage beside q's 32 KB: g8-T8192 878 against 1065 us at 2 (H100)
     if D == 256:
         return 2  # 64 KB a stage of 64 keys beside q's 64 KB: a third does not fit
-    return 3  # D = 64: 32 KB a stage
+    return 5  # D = 64, 32 KB a stage: g4-T2048-D64 147 against 165 us at 3 (H100)
 
 
 @gluon.constexpr_function
@@ -100,6 +100,25 @@ def _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices):
 
 
 @gluon.jit
+def _rounds(total):
+    """How many of the `total` tiles this program runs (`_tile_of_round`): one a round, the last round partial."""
+    P = gl.num_programs(0)
+    p = gl.program_id(0)
+    rounds = gl.cdiv(total, P)
+    last = (rounds - 1) * P + p + ((rounds - 1) % 2) * (P - 1 - 2 * p)
+    return rounds - 1 + (last < total).to(gl.int32)
+
+
+@gluon.jit
+def _tile_of_round(r):
+    """The tile this program runs in round r: the rounds snake over the programs (program p takes tile p of an even
+    round, P - 1 - p of an odd one), so that over the longest-first tiles each program's work evens out."""
+    P = gl.num_programs(0)
+    p = gl.program_id(0)
+    return r * P + p + (r % 2) * (P - 1 - 2 * p)
+
+
+@gluon.jit
 def _key_tiles(t0, T, W, BN: gl.constexpr):
     """The key tiles [lo, hi) of BN keys that the query tile [t0, t0 + BM) of a sequence of T tokens sees: causal (W
     not None), keys [i - W + 1, i]; else all."""
@@ -114,7 +133,7 @@ def _key_tiles(t0, T, W, BN: gl.constexpr):
 def _producer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
               chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
               v_ready, kv_empty, flag_bar, G):
-    """For each of this program's tiles (program_id, then every num_programs), copies q once both
+    """For each of this program's tiles (`_tile_of_round`), copies q once both
     consumer warpgroups have released the last tile's (q_empty), then K and V of each key tile into the ring, whose
     count runs on across tiles."""
     D: gl.constexpr = q_desc.block_shape[1]
@@ -122,7 +141,8 @@ def _producer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
     NS: gl.constexpr = k_smem.shape[0]  # the ring's stages
     i = 0
     c = 0
-    for idx in range(gl.program_id(0), NT * B * HQ, gl.num_programs(0)):
+    for r in range(0, _rounds(NT * B * HQ)):
+        idx = _tile_of_round(r)
         bos, length, i_hq, i_h, t0 = _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices)
         mbarrier.wait(q_empty.index(0), c & 1)
         mbarrier.expect(q_ready.index(0), 2 * BH_C * D * 2)
@@ -216,7 +236,8 @@ def _consumer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
     b_q = q_smem.index(i_wg)
     i0 = 0
     c = 0
-    for idx in range(gl.program_id(0), NT * B * HQ, gl.num_programs(0)):
+    for r in range(0, _rounds(NT * B * HQ)):
+        idx = _tile_of_round(r)
         bos, length, i_hq, i_h, t0 = _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices)
         t0r = t0 + i_wg * BH_C
         m_r = t0r + o_r < length  # packed: the tile's rows in its sequence
@@ -303,7 +324,7 @@ def parallel_attn_fwd_kernel_hopper(
     NT, W, scale, HQ: gl.constexpr, G: gl.constexpr,
 ):
     """o `[B, T, HQ, D]` and lse `[HQ, B * T]` (base 2, the sink included) of the 128-query tiles of this program
-    (program_id, then every num_programs, of the NT * B * HQ), and the FLAG launch's flag of
+    (`_tile_of_round` of the NT * B * HQ), and the FLAG launch's flag of
     each; q, k, v through their TMA descriptors (`[B * T, heads * D]` views). Packed (B = 1): cu_seqlens and
     chunk_indices (`index.chunk_indices`: NT (sequence, tile) pairs), else None. W: keys [i - W + 1, i] (causal);
     None: every key (a partition sees a None as such, where a constexpr flag would reach it as a value). Gated: gc
@@ -360,15 +381,12 @@ def smem_layout(block: list):
     return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
 
 
-def programs(s, tiles: int, packed: bool) -> int:
+def programs(s, tiles: int) -> int:
     """The programs of a launch over `tiles` query tiles of a call of Shape s: one an SM (persistent: the next tile's q
-    and K/V load under this tile's epilogue) where that measured faster, one a tile elsewhere (H100)."""
-    # Persistent: windows, non-causal, gated and packed calls (W256 329 against 367 us, non-causal T4096 439 against
-    # 450, gated g8-T8192 991 against 1039; packed: new). Dense ungated full-causal calls keep one
-    # program a tile: their tiles see the most keys, and a stride over the programs left the busiest SM 6% over the
-    # mean (g8-T8192 966 against 891 us; mha-long 197 against 195).
-    persistent = packed or s.WR is not None or s.W < s.T or s.g_dtype is not None
-    return min(tiles, sm_count(s.device)) if persistent else tiles
+    and K/V load under this tile's epilogue)."""
+    # The snake over the programs left the busiest SM 0.1% over the mean at g8-T8192 where a stride left it 6%, and
+    # beat one program a tile on every row (H100: mha-long 196 against 211-223 us, g8-T8192 884 against 945-994).
+    return min(tiles, sm_count(s.device))
 
 
 class HopperFwdLaunch(DescriptorLaunch):
@@ -382,7 +400,7 @@ class HopperFwdLaunch(DescriptorLaunch):
         table = (("q", "q", (rows, s.HQ * D), [BH, D], smem_layout([BH, D])),
                  ("k", "k", (rows, s.H * D), [BN, D], smem_layout([BN, D])),
                  ("v", "v", (rows, s.H * D), [BN, D], smem_layout([BN, D])))
-        grid = (programs(s, args["NT"] * s.B * s.HQ, args["chunk_indices"] is not None),)
+        grid = (programs(s, args["NT"] * s.B * s.HQ),)
         super().__init__(parallel_attn_fwd_kernel_hopper, grid, dict(
             o=args["o"], o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
             gc=args["g_cumsum"], sink_bias=args["sink_bias"], cu_seqlens=args["cu_seqlens"],
