@@ -15,12 +15,12 @@ import pytest
 import test_attn_lse
 import test_attn_nan
 import torch
-from triton.experimental.gluon import language as gl
 from conftest import DEVICE
 from helpers import Case, check_against_oracle, make_inputs, run_parallel
 from test_attn_cuda_graph import test_whole_step_capture_replays_bitwise_like_eager as _capture_replays_like_eager
 from test_attn_noncausal import _oracle as _noncausal_oracle
 from test_attn_noncausal import _ours as _noncausal_ours
+from triton.experimental.gluon import language as gl
 
 import fla_bwd.ops.attn.dispatch as dispatch
 import fla_bwd.ops.attn.gluon_fwd as gluon_fwd
@@ -72,7 +72,8 @@ def test_out_of_scope_calls_say_why():
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, True) is None
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda, W=300), cuda, True) is None  # windows run
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda, WR=2048), cuda, True) is None  # non-causal runs
-        for kw, why in [(dict(K=96, V=96), "K = V in (64, 128, 256)"), (dict(K=128, V=64), "K = V in (64, 128, 256)"), (dict(dtype=torch.float32), "16-bit"),
+        dims = "K = V in (64, 128, 256)"
+        for kw, why in [(dict(K=96, V=96), dims), (dict(K=128, V=64), dims), (dict(dtype=torch.float32), "16-bit"),
                         (dict(T=1000, W=1000), "multiple of 128"), (dict(Q0=128), "tail queries"),
                         (dict(softcap=30.0), "softcap"), (dict(WR=5), "without a window"),
                         (dict(WR=1024, W=64), "without a window"), (dict(B=2**21, T=1024), "B * T")]:

@@ -118,8 +118,8 @@ def hopper_fwd_why_not(s, device: torch.device, aligned: bool, dense: bool = Tru
 def forward_kernel(s, dense: bool, aligned: bool, forced: str, inline: bool) -> tuple:
     """(whether the Hopper kernel runs the forward of a call of Shape s, why): "auto" wherever it can
     (`hopper_fwd_why_not`; two-launch containment: it is the FLAG launch) from `config.HOPPER_FWD_MIN_T` tokens
-    on at `config.HOPPER_FWD_HEAD_DIMS`, "hopper" wherever it can and ValueError elsewhere, "triton" never. `forced`: `forward_knob()`; `inline`: the
-    call contains NaN/Inf inline."""
+    on at `config.HOPPER_FWD_HEAD_DIMS`, "hopper" wherever it can and ValueError elsewhere, "triton" never.
+    `forced`: `forward_knob()`; `inline`: the call contains NaN/Inf inline."""
     if forced == "triton":
         return False, "forced (FLA_BWD_FWD_KERNEL=triton)"
     why = hopper_fwd_why_not(s, s.device, aligned, dense)
