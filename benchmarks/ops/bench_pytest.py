@@ -12,9 +12,9 @@ Environment (read at collection):
 - `BENCH_MODES`: `fwd`, `bwd`, `fwdbwd`, comma-separated; default each shape's own modes;
 - `BENCH_PATHS`: this package's dK/dV paths, each a candidate (`auto` is `fla_bwd`, `legacy` is `fla_bwd[legacy]`);
   default `auto,legacy`;
-- `BENCH_PEERS`: torch peers (`flex`, `sdpa-cudnn`, `sdpa-fa2`, `fla`); default none. A peer that cannot run a row
-  is skipped with its reason (`benchmarks/ops/peers.py`), as is a row the registry keeps peers off. FA3 (JAX) is
-  timed by the runner only;
+- `BENCH_PEERS`: torch peers (`flex`, `sdpa-cudnn`, `sdpa-fa2`, `fla`, `fa4`, `fa4-det`); default none. A peer
+  that cannot run a row is skipped with its reason (`benchmarks/ops/peers.py`), as is a row the registry keeps peers
+  off. FA3 (JAX) is timed by the runner only;
 - `BENCH_ROUNDS`: rounds per test (default 30 on a GPU, 3 without one).
 
 The candidates, inputs, `do` and warm-up are the runner's (`benchmarks/ops/bench.py`, `candidates.py`,
@@ -44,7 +44,7 @@ from benchmarks.ops.candidates import ours  # noqa: E402
 from benchmarks.ops.timing import Timer, median_us  # noqa: E402
 
 GPU_SHAPES = "g8-T8192,g8-T4096,gqa4-long,mha-long,g8-T8192-W512,varlen-gated-8192"
-TORCH_PEERS = ("flex", "sdpa-cudnn", "sdpa-fa2", "fla")
+TORCH_PEERS = ("flex", "sdpa-cudnn", "sdpa-fa2", "fla", "fa4", "fa4-det")
 
 
 def _env_list(name, default):

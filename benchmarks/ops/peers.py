@@ -1,5 +1,6 @@
 # Copyright (c) 2026 fla_bwd authors. SPDX-License-Identifier: MIT
-"""Peers timed on the same inputs: FlexAttention, SDPA (cuDNN, FLASH_ATTENTION), upstream FLA 0.6, FA3 (JAX).
+"""Peers timed on the same inputs: FlexAttention, SDPA (cuDNN, FLASH_ATTENTION), upstream FLA 0.6, FA3 (JAX),
+FA4 (flash_attn.cute, and its deterministic backward).
 
 Each peer says why it cannot run (one line) instead of failing: not importable, or a shape it does not support.
 Torch peers return a `Candidate` and are timed interleaved with this package; FA3 is timed apart with a wall
@@ -8,13 +9,14 @@ clock around N calls + block_until_ready, median of repeats, as the anchors were
 
 import math
 import os
+import sys
 from typing import Optional  # noqa: F401 - kept for callers
 
 import torch
 from einops import rearrange
 
 from .candidates import Candidate, leaves_of, one_line
-from .shapes import PEERS, unsupported  # noqa: F401 - re-exported
+from .shapes import FA4_PEERS, PEERS, unsupported  # noqa: F401 - re-exported
 
 _import_errors: dict = {}
 
@@ -149,6 +151,43 @@ def _fla_candidate(shape, inputs, do) -> Candidate:
     return Candidate(name="fla-0.6", forward=forward, leaves=leaves_of(inputs), do=do)
 
 
+# ---------------------------------------------------------------- FlashAttention-4
+def fa4_kwargs(shape, inputs: dict, deterministic: bool) -> dict:
+    """flash_attn.cute's keywords for the row (`unsupported` keeps it off the rows it cannot compute). Its window
+    (left, right) lets query i see keys i - left .. i + right, so our W is (W - 1, 0), and (None, None) is no window;
+    causal=False is every key; a shorter q is aligned bottom-right, as ours; `learnable_sink` is our [HQ] fp32
+    sink_bias (natural-log units, not scaled; FA4 returns its gradient); softcap 0.0 is off; return_lse only on a
+    return_lse row (the loss stays on o). A packed row adds cu_seqlens (int32) and the longest sequence."""
+    kw = dict(softmax_scale=1.0 / math.sqrt(shape.K), causal=shape.causal,
+              window_size=(None, None) if shape.W is None else (shape.W - 1, 0),
+              learnable_sink=inputs.get("sink_bias"), softcap=shape.softcap or 0.0, deterministic=deterministic,
+              return_lse=bool(shape.lse))
+    if shape.varlen:
+        n = max(shape.seqlens())
+        kw.update(cu_seqlens_q=inputs["cu_seqlens"], cu_seqlens_k=inputs["cu_seqlens"], max_seqlen_q=n,
+                  max_seqlen_k=n)
+    return kw
+
+
+def _fa4_candidate(peer, shape, inputs, do) -> Candidate:
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    kw = fa4_kwargs(shape, inputs, deterministic=peer == "fa4-det")
+
+    def forward():
+        if shape.varlen:  # [total, heads, D] views of the packed B = 1 batch
+            return _fa4_out(flash_attn_varlen_func(q[0], k[0], v[0], **kw)).unsqueeze(0)
+        return _fa4_out(flash_attn_func(q, k, v, **kw))
+
+    return Candidate(name=peer, forward=forward, leaves=leaves_of(inputs), do=do)
+
+
+def _fa4_out(ret):
+    """o from FA4's return: 4.0.0b36 returns (out, lse) on every call (lse None where not needed)."""
+    return ret[0] if isinstance(ret, tuple) else ret
+
+
 # ---------------------------------------------------------------- availability
 def unavailable(peer: str) -> Optional[str]:
     """None when the peer can be imported here, else a one-line reason (cached)."""
@@ -171,6 +210,10 @@ def unavailable(peer: str) -> Optional[str]:
             reason = _probe_fa3()
             if reason is None:
                 from flash_attn3_jax import flash  # noqa: F401
+        elif peer in FA4_PEERS:
+            reason = _fa4_reason(deterministic=peer == "fa4-det")
+            if reason is None:
+                from flash_attn.cute import flash_attn_func, flash_attn_varlen_func  # noqa: F401
         else:
             reason = f"unknown peer {peer!r}"
     except Exception as e:
@@ -195,19 +238,60 @@ print("fa3-ok")
 def _probe_fa3(timeout_s: float = 120.0) -> Optional[str]:
     """Run a tiny FA3 forward and backward in a subprocess first: a JAX/CUDA clash or a crash there costs a
     skipped peer, not this process."""
-    import subprocess
-    import sys
+    return _run_probe(_FA3_PROBE, [], "fa3-ok", dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"), timeout_s)
 
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+
+def _run_probe(code: str, args: list, ok: str, env: dict, timeout_s: float) -> Optional[str]:
+    """None when `python -c code *args` exits 0 and prints `ok`, else a one-line reason."""
+    import subprocess
+
     try:
-        proc = subprocess.run([sys.executable, "-c", _FA3_PROBE], env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"probe timed out after {timeout_s:.0f} s"
-    if proc.returncode == 0 and "fa3-ok" in proc.stdout:
+    if proc.returncode == 0 and ok in proc.stdout:
         return None
     lines = [x for x in (proc.stderr + proc.stdout).strip().splitlines() if x.strip()]
     return f"probe failed (exit {proc.returncode}): {lines[-1][:200] if lines else 'no output'}"
+
+
+def _fa4_reason(deterministic: bool) -> Optional[str]:
+    """Why FA4 cannot run here, checked without running its code in this process: not installed, no CUDA GPU, or
+    its probe (a tiny forward + backward in a subprocess) failed; None when the probe passed."""
+    import importlib.util
+
+    found = sys.modules.get("flash_attn.cute", False)  # imported already (None: an import blocked)
+    if found is False:
+        try:
+            found = importlib.util.find_spec("flash_attn.cute")
+        except ImportError:  # no package flash_attn at all
+            found = None
+    if found is None:
+        return "not importable: no flash_attn.cute (flash-attn-4; benchmarks/tools/install_fa4.sh installs it)"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU here: FA4 runs on NVIDIA GPUs only (sm_80 and newer; this harness times its sm_90 path)"
+    return _probe_fa4(deterministic)
+
+
+_FA4_PROBE = """
+import sys, torch
+from flash_attn.cute import flash_attn_func
+q = torch.randn(1, 256, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+k, v = (torch.randn(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+ret = flash_attn_func(q, k, v, causal=True, deterministic=sys.argv[1] == "1")
+o = ret[0] if isinstance(ret, tuple) else ret
+o.backward(torch.randn_like(o))
+torch.cuda.synchronize()
+assert all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)), "non-finite gradient"
+print("fa4-ok")
+"""
+
+
+def _probe_fa4(deterministic: bool, timeout_s: float = 300.0) -> Optional[str]:
+    """A tiny FA4 forward and backward (GQA, causal, head dim 128, bf16; deterministic as the peer) in a subprocess
+    first: a crash there, or in its kernels' compile, costs a skipped peer, not this process."""
+    return _run_probe(_FA4_PROBE, ["1" if deterministic else "0"], "fa4-ok", dict(os.environ), timeout_s)
 
 
 def torch_candidate(peer: str, shape, inputs, do) -> Candidate:
@@ -219,6 +303,8 @@ def torch_candidate(peer: str, shape, inputs, do) -> Candidate:
         return _sdpa_candidate("FLASH_ATTENTION", shape, inputs, do)
     if peer == "fla":
         return _fla_candidate(shape, inputs, do)
+    if peer in FA4_PEERS:
+        return _fa4_candidate(peer, shape, inputs, do)
     raise ValueError(f"{peer} is not a torch peer")
 
 

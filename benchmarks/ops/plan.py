@@ -18,6 +18,9 @@ per-mode `seconds`, 330 s for gate + 16 shapes, of which 17 s between modes, abo
   g8-T4096 (16.0 s with all five peers against ~4.5 s A/B alone) and g4-T2048-D64 (bwd-only peers).
 - `ONCE_S`: first use of a peer in a process (torch.compile / inductor cold start, the gated flex wrapper's first
   compile, the FA3 subprocess probe + JAX start, the fla import). Fitted to g8-T8192 (39.5 s, first shape).
+- The estimates count the peers of the record (`shapes.RECORD_PEERS`, gpu_run.sh's default `PEERS`); FA4 and its
+  deterministic mode run on request (their own install) and have guessed figures only (its CuTe DSL compiles each
+  kernel variant on first use: not measured here).
 - `SAFETY` multiplies every shape estimate; `FIXED_S` is per command (wheel install + env log + imports before the
   runner, report and plot after it) and `GATE_S` the gate (part 1 only; 131.5 s measured with 8 xdist workers on
   2026-11-29, 235 s with 12 in the records of b0781de and 08ece6b, whose part 1 ran out of its budget).
@@ -27,7 +30,7 @@ import argparse
 import sys
 
 from .registry import SHAPES
-from .shapes import PEERS, unsupported
+from .shapes import RECORD_PEERS, unsupported
 
 AB_S = {
     "g8-T8192": 10.0, "g8-T4096": 4.5, "g4-T2048-D64": 13.0, "gqa4-long": 13.9, "gqa4-short": 6.4,
@@ -40,17 +43,19 @@ AB_S = {
     "ctl-K128-V64-g8-T2048": 14.0, "ctl-mha-T2048": 6.0,
 }
 UNKNOWN_AB_S = 15.0  # a shape not in the table (custom, or added later: the "variants" rows, never timed yet)
-PEER_ROW_S = {"flex": 5.0, "fla": 3.0, "sdpa-cudnn": 1.0, "sdpa-fa2": 1.0, "fa3": 1.5}
+PEER_ROW_S = {"flex": 5.0, "fla": 3.0, "sdpa-cudnn": 1.0, "sdpa-fa2": 1.0, "fa3": 1.5,
+              "fa4": 10.0, "fa4-det": 10.0}  # FA4: a guess (a CuTe DSL compile per new kernel variant)
 GATED_FLEX_EXTRA_S = 12.0  # score_mod compiles a larger graph: Flex setup 34-38 s gated, 7-10 s ungated (b0781de);
 # assumed the same for the softcap rows' score_mod (not measured)
-ONCE_S = {"flex": 12.0, "flex-gated": 10.0, "fa3": 8.0, "fla": 2.0}
+ONCE_S = {"flex": 12.0, "flex-gated": 10.0, "fa3": 8.0, "fla": 2.0, "fa4": 30.0, "fa4-det": 30.0}  # FA4: a guess
+# (its subprocess probe: import of the CuTe DSL and one forward + backward compiled)
 SAFETY = 1.25
 FIXED_S = 45.0
 GATE_S = 235.0  # the gate with 12 workers, kernels prewarmed for part 1 only: 235.4 s (b0781de), 235.0 s (08ece6b)
 COMMAND_LIMIT_S = 540.0  # 9 minutes: one device command may run 600 s, including installs and compile
 
 
-def peers_for(shape, peers=PEERS) -> list:
+def peers_for(shape, peers=RECORD_PEERS) -> list:
     """The peers this row would time (the registry's choice less those that cannot represent it), no imports."""
     if shape.peers is True:
         asked = list(peers)
@@ -61,7 +66,7 @@ def peers_for(shape, peers=PEERS) -> list:
     return [p for p in asked if unsupported(p, shape) is None]
 
 
-def shape_estimate(shape, peers=PEERS) -> float:
+def shape_estimate(shape, peers=RECORD_PEERS) -> float:
     """Seconds for one shape in its default modes, A/B and the peers it supports (one-time costs excluded)."""
     base = AB_S.get(shape.name, UNKNOWN_AB_S)
     frac = sum({"fwd": 0.3, "bwd": 0.6, "fwdbwd": 0.4}[m] for m in shape.modes)  # compile lands on the first mode
@@ -72,7 +77,7 @@ def shape_estimate(shape, peers=PEERS) -> float:
     return round(SAFETY * (base + frac * cost), 1)
 
 
-def once_estimate(shapes, peers=PEERS) -> float:
+def once_estimate(shapes, peers=RECORD_PEERS) -> float:
     used = {p for s in shapes for p in peers_for(s, peers)}
     cost = sum(ONCE_S.get(p, 0.0) for p in used)
     if "flex" in used and any(s.gated for s in shapes if "flex" in peers_for(s, peers)):
@@ -80,7 +85,7 @@ def once_estimate(shapes, peers=PEERS) -> float:
     return round(SAFETY * cost, 1)
 
 
-def part_estimate(shapes, index: int, peers=PEERS) -> float:
+def part_estimate(shapes, index: int, peers=RECORD_PEERS) -> float:
     """Seconds for one command: fixed + (gate on part 1) + one-time peer costs + every shape."""
     return round(FIXED_S + (GATE_S if index == 1 else 0.0) + once_estimate(shapes, peers)
                  + sum(shape_estimate(s, peers) for s in shapes), 1)

@@ -36,7 +36,9 @@ def parse_args(argv):
                         "[,noncausal][,SOFTCAP=30][,lse][,TQ=256]; repeatable")
     p.add_argument("--modes", default=None, help="comma-separated subset of fwd,bwd,fwdbwd (default: per shape)")
     p.add_argument("--ab", action="store_true", help="A/B: dkv_path('auto') against the forced legacy dK/dV path")
-    p.add_argument("--peers", default="", help="comma-separated flex,sdpa-cudnn,sdpa-fa2,fla,fa3 | all | none")
+    p.add_argument("--peers", default="", help="comma-separated flex,sdpa-cudnn,sdpa-fa2,fla,fa3,fa4,fa4-det | all | "
+                   "none (fa4, fa4-det: FlashAttention-4 and its deterministic backward, after "
+                   "benchmarks/tools/install_fa4.sh)")
     p.add_argument("--force-peers", action="store_true", help="time peers on control rows too")
     p.add_argument("--repeats", type=int, default=None,
                    help="independent rounds (A/B comparisons), default 5 (--smoke: 2)")

@@ -143,9 +143,18 @@ def system_info() -> dict:
 
 
 def peer_versions() -> dict:
-    """Versions of the peer packages this process imported (call at the end of a run)."""
-    return {f"{mod}_version": getattr(sys.modules[mod], "__version__", None)
-            for mod in ("fla", "jax", "flash_attn3_jax") if mod in sys.modules}
+    """Versions of the peer packages this process imported (call at the end of a run); FA4's from its distribution
+    (flash_attn.cute's own `__version__` reads another name and says 0.0.0)."""
+    out = {f"{mod}_version": getattr(sys.modules[mod], "__version__", None)
+           for mod in ("fla", "jax", "flash_attn3_jax") if mod in sys.modules}
+    if "flash_attn.cute" in sys.modules:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            out["flash_attn_4_version"] = version("flash-attn-4")
+        except PackageNotFoundError:
+            out["flash_attn_4_version"] = None
+    return out
 
 
 def git_commit():

@@ -11,7 +11,11 @@ from typing import Optional
 
 DTYPES = ("bf16", "fp16", "fp32")
 MODES = ("fwd", "bwd", "fwdbwd")
-PEERS = ("flex", "sdpa-cudnn", "sdpa-fa2", "fla", "fa3")
+PEERS = ("flex", "sdpa-cudnn", "sdpa-fa2", "fla", "fa3", "fa4", "fa4-det")
+# The peers of the benchmark of record (gpu_run.sh's default PEERS, the split's estimates in plan.py): FA4 and its
+# deterministic mode need their own install on the GPU machine (benchmarks/tools/install_fa4.sh) and run on request.
+RECORD_PEERS = ("flex", "sdpa-cudnn", "sdpa-fa2", "fla", "fa3")
+FA4_PEERS = ("fa4", "fa4-det")
 # backward FLOPs = 2.5 x forward (the anchors' convention); forward + backward = 3.5 x forward
 MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 
@@ -318,6 +322,12 @@ def unsupported(peer: str, shape) -> Optional[str]:
             return "FA3 is fp16/bf16 only"
         # causal=False (is_causal=False), return_lse (its forward always returns lse) and Tq < Tk (FA3 aligns a
         # shorter q bottom-right, as parallel_attn does) are FA3's own calls
+    if peer in FA4_PEERS:
+        why = fa4_unsupported(shape)
+        if why:
+            return why
+        if peer == "fa4-det" and tuple(getattr(shape, "modes", ())) == ("fwd",):
+            return "deterministic=True changes only FA4's backward: a forward-alone row is fa4's"
     if peer == "flex":
         if shape.sink:
             return "Flex has no sink logit (a logsumexp rescale of its output could add one: not wired)"
@@ -334,4 +344,20 @@ def unsupported(peer: str, shape) -> Optional[str]:
             return "FLA 0.6's parallel_attn has no return_lse"
         if tq is not None and tq < shape.T:
             return "FLA 0.6's parallel_attn needs q as long as k"
+    return None
+
+
+def fa4_unsupported(shape) -> Optional[str]:
+    """None when FlashAttention-4 (flash_attn.cute 4.0.0b36, its SM90 path) computes this row's function, else why
+    not. It takes a window (left, right), a learnable sink with its gradient, softcap, causal=False, return_lse, a
+    shorter q aligned bottom-right and packed sequences (cu_seqlens); it has no forget gate."""
+    if shape.gated:
+        return "FA4 has no forget gate (its score_mod could add one: not wired)"
+    if shape.dtype == "fp32":
+        return "FA4 is fp16/bf16 only"
+    bad = [d for d in (shape.K, shape.V) if not (8 <= d <= 256 and d % 8 == 0)]
+    if bad:
+        return f"FA4's SM90 path takes head dims 8..256 in multiples of 8, not {bad[0]}"
+    if shape.K != shape.V and shape.G > 1:
+        return "FA4's SM90 backward needs equal q/k and v head dims under GQA"
     return None

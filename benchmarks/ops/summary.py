@@ -38,7 +38,7 @@ KIND_RULES = {
     "MHA": "dense causal, G = 1",
     "dense GQA": "dense causal, G >= 2 (any K, V)",
 }
-PEER_ORDER = ("fa3", "sdpa-cudnn", "sdpa-fa2", "flex", "fla-0.6")
+PEER_ORDER = ("fa3", "fa4", "fa4-det", "sdpa-cudnn", "sdpa-fa2", "flex", "fla-0.6")
 MODE_TITLES = {"bwd": "backward alone", "fwdbwd": "forward + backward", "fwd": "forward"}
 
 

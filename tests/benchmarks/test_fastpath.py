@@ -147,9 +147,10 @@ def test_peers_without_a_sink_say_so():
         assert unsupported(peer, registry.get_shape("g8-T8192")) is None, peer  # the twin runs them all
     assert unsupported("fla", sink) is None
     assert plan.peers_for(sink) == ["fla"] and plan.peers_for(registry.get_shape("gqa4-long-sink")) == ["fla"]
-    assert set(plan.peers_for(registry.get_shape("gqa4-B4-T2048"))) == set(PEERS)
+    assert set(plan.peers_for(registry.get_shape("gqa4-B4-T2048"), PEERS)) == set(PEERS)
     for name in ("packed-4x2048-G4", "packed-1x8192-G8", "packed-mixed-8192-G8"):
         assert plan.peers_for(registry.get_shape(name)) == ["flex", "fla"], name
+        assert plan.peers_for(registry.get_shape(name), PEERS) == ["flex", "fla", "fa4", "fa4-det"], name
     assert "fa3" not in plan.peers_for(registry.get_shape("gqa4-long-D256"))  # its wheel is head-dim-128 only
 
 

@@ -20,7 +20,7 @@ from test_runner import run_cli, synthetic  # noqa: E402
 
 from benchmarks import merge as M  # noqa: E402
 from benchmarks.ops import plan, registry  # noqa: E402
-from benchmarks.ops.shapes import PEERS, unsupported  # noqa: E402
+from benchmarks.ops.shapes import PEERS, RECORD_PEERS, unsupported  # noqa: E402
 
 FP = "0123456789abcdef"
 COMMIT = "ab6efdcd692e1fd5cf04c6079faef679a718b6d1"
@@ -70,12 +70,13 @@ def test_peers_on_every_row_they_can_represent():
     by = {s.name: s for s in registry.SHAPES}
     for name in ("mha-short", "mha-long", "mha-short-fp16", "mha-long-fp16", "gqa4-short", "gqa4-long", "g8-T4096",
                  "g8-T8192"):
-        assert plan.peers_for(by[name]) == list(PEERS), name
-    assert plan.peers_for(by["g4-T2048-D64"]) == ["flex", "sdpa-cudnn", "sdpa-fa2", "fla"]
+        assert plan.peers_for(by[name]) == list(RECORD_PEERS), name  # the plan counts the record's peers
+        assert plan.peers_for(by[name], PEERS) == list(PEERS), name
+    assert plan.peers_for(by["g4-T2048-D64"], PEERS) == ["flex", "sdpa-cudnn", "sdpa-fa2", "fla", "fa4", "fa4-det"]
     for name in ("g8-T8192-W512", "g8-T16384-W256", "g8-T8192-W256", "g8-T16384-W512"):
-        assert plan.peers_for(by[name]) == ["flex", "fla", "fa3"], name
+        assert plan.peers_for(by[name], PEERS) == ["flex", "fla", "fa3", "fa4", "fa4-det"], name
     for name in ("g8-T8192-gated", "gqa4-long-gated", "varlen-gated-8192", "varlen-gated-16384"):
-        assert plan.peers_for(by[name]) == ["flex", "fla"], name
+        assert plan.peers_for(by[name], PEERS) == ["flex", "fla"], name
     assert "fp16/bf16 only" in unsupported("sdpa-cudnn", by["ctl-fp32-g8-T2048"])
     assert "head dims" in unsupported("sdpa-fa2", by["ctl-K128-V64-g8-T2048"])
     assert "window" in unsupported("sdpa-fa2", by["g8-T8192-W512"])

@@ -263,19 +263,19 @@ def test_variant_rows_through_the_harness_match_the_oracle(name):
 
 # ------------------------------------------------------------------ peers
 PEER_ON_VARIANTS = {  # row -> the peers that time it
-    "g8-T4096-noncausal": ["flex", "sdpa-cudnn", "sdpa-fa2", "fa3"],
-    "mha-long-softcap": ["flex"],
-    "g8-T8192-softcap": ["flex"],
-    "gqa4-long-lse": ["fa3"],
-    "g8-T8192-lse": ["fa3"],
-    "g8-Tq1024-Tk8192": ["flex", "fa3"],
+    "g8-T4096-noncausal": ["flex", "sdpa-cudnn", "sdpa-fa2", "fa3", "fa4", "fa4-det"],
+    "mha-long-softcap": ["flex", "fa4", "fa4-det"],
+    "g8-T8192-softcap": ["flex", "fa4", "fa4-det"],
+    "gqa4-long-lse": ["fa3", "fa4", "fa4-det"],
+    "g8-T8192-lse": ["fa3", "fa4", "fa4-det"],
+    "g8-Tq1024-Tk8192": ["flex", "fa3", "fa4", "fa4-det"],
 }
 
 
 def test_peers_on_the_variant_rows():
     for name, want in PEER_ON_VARIANTS.items():
         s = registry.get_shape(name)
-        assert plan.peers_for(s) == want, name
+        assert plan.peers_for(s, PEERS) == want, name
         for peer in PEERS:
             why = unsupported(peer, s)
             assert (why is None) == (peer in want), (name, peer, why)
