@@ -47,7 +47,7 @@ LOG2E = math.log2(math.e)
 BM = 128  # queries a program: two consumer warpgroups of 64 (the Triton forward's BT, so flags match)
 BH = 64  # queries of one consumer warpgroup
 KEYS = {64: 128, 128: 128, 256: 64}  # keys a stage by D (the Triton forward's BS; 256: two 64 KB stages fit)
-HEAD_DIMS = (64, 128, 256)  # K = V; the layouts below and the descriptors' blocks follow D
+HEAD_DIMS = tuple(KEYS)  # K = V; the kernel's layouts and stages follow D from its descriptors' blocks
 NUM_WARPS = 4  # the default partition, the producer; each consumer warpgroup is a worker partition of 4 warps
 CONSUMER_REGS = gl.constexpr(240)
 ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))  # the keys' gate cumsum, by cp.async
