@@ -2,8 +2,10 @@
 """The forward for Hopper, written in Gluon (issue 61): o and the base-2 log-sum-exp of 128-query tiles of one query
 head, as `kernels.parallel_attn_fwd_kernel` computes them, in FlashAttention-3's structure.
 
-Persistent (`programs`): one program an SM walks the tiles of the Triton forward's grid (`inner.query_tile`'s order:
-heads fastest, tiles longest first), a tile a round, the rounds snaking over the programs (`_tile_of_round`). A producer
+Persistent (`programs`): one program an SM walks tiles of the Triton forward's grid (`inner.query_tile`'s order:
+heads fastest, tiles longest first). A dense call's programs read their tiles from a static schedule (`schedule`):
+the heads in sections whose K and V fit in L2, in each the longest tiles first, each tile to the least loaded
+program; a packed call's take a tile a round, the rounds snaking over the programs (`_tile_of_round`). A producer
 partition copies each tile's q and then each 128-key tile's K and V by TMA into a ring of shared-memory stages
 behind mbarriers (K and V of a stage on barriers of their own: the scores' product waits for K alone; the ring's
 count runs on across tiles). Two consumer warpgroups own 64 queries each and share every K/V stage. Each overlaps
