@@ -113,8 +113,7 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
                             o_lo: bool = False, lse_out: bool = False, packed: bool = False, D: int = 128):
     """The Gluon forward (`gluon_fwd.parallel_attn_fwd_kernel_hopper`) for sm_90 at HQ = 32, G = 4 and head dim D, with
     the pointer types its launches pass: causal (W a runtime int) or not (None), and the gate, the sink, o_lo and the
-    user's lse each there or None; packed: cu_seqlens and chunk_indices int32 pointers and no schedule, else None and
-    the schedule's table (`gluon_fwd.schedule`)."""
+    user's lse each there or None; packed: cu_seqlens and chunk_indices int32 pointers, else None."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import fla_bwd.ops.attn.gluon_fwd as GF
@@ -124,13 +123,9 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
     q_block, kv_block = [GF.BH, D], [GF.KEYS[D], D]
     sig = dict(q_desc=f"tensordesc<{e}{q_block},{GF.smem_layout(q_block)!r}>",
                k_desc=f"tensordesc<{e}{kv_block},{GF.smem_layout(kv_block)!r}>", lse="*fp32", nonfinite="*i8",
-               B="i32", T="i32", NT="i32", L="i32", scale="fp32")
+               B="i32", T="i32", NT="i32", scale="fp32")
     sig.update(v_desc=sig["k_desc"], o="*" + e)
     values = dict(HQ=32, G=4)
-    if packed:  # packed calls snake over the programs; dense ones read their schedule's table
-        values["sched"] = None
-    else:
-        sig["sched"] = "*i32"
     if causal:
         sig["W"] = "i32"
     else:

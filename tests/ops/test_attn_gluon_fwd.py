@@ -184,11 +184,6 @@ def test_plan_step_passes_every_kernel_parameter(full, causal, packed):
     assert step.launch.args["W"] == (s.W if causal else None)  # None: every key
     assert step.launch.args["cu_seqlens"] == (Ref("cu_seqlens") if packed else None)
     assert step.launch.args["chunk_indices"] == (Ref("chunks128") if packed else None)
-    if packed:  # packed calls snake over the programs; dense ones read their schedule (`gluon_fwd.schedule`)
-        assert step.launch.args["sched"] is None and step.launch.args["L"] == 0
-    else:
-        tab, L = gluon_fwd.schedule(s, s.T // 128, step.launch.grid[0])
-        assert step.launch.args["sched"] is tab and step.launch.args["L"] == L
     expected = dict(gc=Ref("gc"), sink_bias=Ref("sink_bias"), o_lo=Ref("o_lo"), lse_out=Ref("lse_out"))
     assert {n: step.launch.args[n] for n in expected} == (expected if full else dict.fromkeys(expected))
 
@@ -199,46 +194,6 @@ def test_persistent_one_program_an_sm():
     for kw in [dict(), dict(sink_dtype=bf16), dict(W=512), dict(WR=2048), dict(g_dtype=torch.float32), dict(B=1)]:
         assert gluon_fwd.programs(_shape(**kw), 16 * 2 * 8) == sms, kw
     assert gluon_fwd.programs(_shape(W=512), 40) == 40
-
-
-@pytest.mark.parametrize("kw", [dict(), dict(H=8), dict(B=1, T=8192, H=4), dict(B=1, T=8192, H=4, W=512),
-                                dict(B=1, T=4096, H=4, WR=4096), dict(K=64, V=64), dict(K=256, V=256),
-                                dict(B=3, T=1024, HQ=6, H=3)], ids=str)
-def test_schedule_runs_every_tile_once(kw):
-    """Each dense tile (the Triton forward's program index) is in exactly one program's list of the schedule's table
-    (`gluon_fwd.schedule`), the lists no longer than L, the busiest program within 5% of the mean at the cost the
-    schedule deals by (within two longest tiles where a program has only a few), and each program's tiles in the order
-    of the sections (its first tile in the first)."""
-    s = _shape(device=torch.device("cpu"), **dict(dict(HQ=32), **kw))
-    NT = s.T // gluon_fwd.BM
-    programs = gluon_fwd.programs(s, NT * s.B * s.HQ)
-    tab, L = gluon_fwd.schedule(s, NT, programs)
-    assert tab.dtype == torch.int32 and tab.shape == (programs, 1 + L)
-    lists = [tab[p, 1:1 + tab[p, 0]].tolist() for p in range(programs)]
-    assert sorted(t for li in lists for t in li) == list(range(NT * s.B * s.HQ))
-    BH, BN = s.B * s.HQ, gluon_fwd.KEYS[s.K]
-    W = s.W if s.WR is None else None
-
-    def cost(idx):
-        lo, hi = gluon_fwd.key_tiles((NT - 1 - idx // BH) * gluon_fwd.BM, s.T, W, BN)
-        return hi - lo + gluon_fwd.TILE_COST
-
-    loads = [sum(cost(t) for t in li) for li in lists]
-    few = NT * s.B * s.HQ < 4 * programs  # a few tiles a program: within two of the longest tile
-    assert max(loads) <= (2 * cost(0) if few else 1.05 * sum(loads) / programs)
-    S = gluon_fwd.section(s)
-    sec = [[(t % BH) // S for t in li] for li in lists]
-    assert all(li == sorted(li) for li in sec) and all(li[0] == 0 for li in sec)
-
-
-@pytest.mark.parametrize("kw,heads", [(dict(H=32), 32), (dict(H=8), 64), (dict(B=1, T=8192, H=4), 32),
-                                      (dict(B=4, T=32768, H=32), 2), (dict(B=4, T=32768, H=4), 16),
-                                      (dict(B=1, T=2 ** 20, H=4), 8)], ids=str)
-def test_schedule_sections_fit_l2(kw, heads):
-    """A section holds the most KV heads (a power of 2, at least one) whose K and V fit SECTION_BYTES, times G: 1 MB
-    a KV head at T = 2048, D = 128, so 32 MHA heads; every head where all fit."""
-    s = _shape(device=torch.device("cpu"), **dict(dict(HQ=32), **kw))
-    assert gluon_fwd.section(s) == heads
 
 
 @pytest.mark.parametrize("D", gluon_fwd.HEAD_DIMS)

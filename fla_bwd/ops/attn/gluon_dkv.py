@@ -21,6 +21,7 @@ interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
 """
 
 import functools
+import heapq
 import math
 
 import torch
@@ -37,7 +38,6 @@ from fla_bwd.ops.attn.gluon_hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from fla_bwd.ops.utils import lpt
 from fla_bwd.ops.utils.descriptor_launch import DescriptorLaunch
 
 LOG2E = math.log2(math.e)
@@ -276,7 +276,14 @@ def _item_blocks(B: int, T: int, H: int, split: int):
 @functools.lru_cache(maxsize=256)
 def _lpt(B: int, T: int, H: int, split: int, programs: int):
     """(items per program, max over mean load): longest first, each to the least loaded program."""
-    return lpt.deal(sorted(_item_blocks(B, T, H, split), key=lambda x: -x[1]), programs)
+    heap = [(0, p) for p in range(programs)]
+    lists = [[] for _ in range(programs)]
+    for item, blocks in sorted(_item_blocks(B, T, H, split), key=lambda x: -x[1]):
+        load, p = heapq.heappop(heap)
+        lists[p].append(item)
+        heapq.heappush(heap, (load + blocks, p))
+    loads = [load for load, _ in heap]
+    return tuple(tuple(li) for li in lists), max(loads) * programs / sum(loads)
 
 
 def imbalance(B: int, T: int, H: int, split: int, programs: int) -> float:
@@ -287,7 +294,13 @@ def imbalance(B: int, T: int, H: int, split: int, programs: int) -> float:
 @functools.lru_cache(maxsize=256)
 def schedule(B: int, T: int, H: int, split: int, programs: int, device: torch.device):
     """([programs, 1 + L] int32 on `device`: per program its item count then its items, L)."""
-    return lpt.table(_lpt(B, T, H, split, programs)[0], device)
+    lists, _ = _lpt(B, T, H, split, programs)
+    L = max(len(li) for li in lists)
+    tab = torch.zeros(programs, 1 + L, dtype=torch.int32)
+    for p, li in enumerate(lists):
+        tab[p, 0] = len(li)
+        tab[p, 1:1 + len(li)] = torch.tensor(li, dtype=torch.int32)
+    return tab.to(device), L
 
 
 def programs_for(B: int, T: int, H: int, split: int, sms: int) -> int:

@@ -2,10 +2,8 @@
 """The forward for Hopper, written in Gluon (issue 61): o and the base-2 log-sum-exp of 128-query tiles of one query
 head, as `kernels.parallel_attn_fwd_kernel` computes them, in FlashAttention-3's structure.
 
-Persistent (`programs`): one program an SM walks tiles of the Triton forward's grid (`inner.query_tile`'s order:
-heads fastest, tiles longest first). A dense call's programs read their tiles from a static schedule (`schedule`):
-the heads in sections whose K and V fit in L2, in each the longest tiles first, each tile to the least loaded
-program; a packed call's take a tile a round, the rounds snaking over the programs (`_tile_of_round`). A producer
+Persistent (`programs`): one program an SM walks the tiles of the Triton forward's grid (`inner.query_tile`'s order:
+heads fastest, tiles longest first), a tile a round, the rounds snaking over the programs (`_tile_of_round`). A producer
 partition copies each tile's q and then each 128-key tile's K and V by TMA into a ring of shared-memory stages
 behind mbarriers (K and V of a stage on barriers of their own: the scores' product waits for K alone; the ring's
 count runs on across tiles). Two consumer warpgroups own 64 queries each and share every K/V stage. Each overlaps
@@ -29,11 +27,8 @@ past the tensor) and are not stored (their flag can only send the tile to the FI
 Gluon has no CPU interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
 """
 
-import functools
 import math
-from typing import Tuple
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -46,13 +41,10 @@ from fla_bwd.ops.attn.gluon_hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from fla_bwd.ops.utils import lpt
 from fla_bwd.ops.utils.descriptor_launch import DescriptorLaunch
 
 LOG2E = math.log2(math.e)
 BM = 128  # queries a program: two consumer warpgroups of 64 (the Triton forward's BT, so flags match)
-SECTION_BYTES = 32 * 2**20  # K and V a section of the schedule reads: they stay in L2 (50 MB) beside q and o
-TILE_COST = 3  # a tile's cost beyond its key tiles, in key tiles (its first S product, last P V product, epilogue)
 BH = 64  # queries of one consumer warpgroup
 KEYS = {64: 128, 128: 128, 256: 64}  # keys a stage by D (the Triton forward's BS; 256: two 64 KB stages fit)
 HEAD_DIMS = tuple(KEYS)  # K = V; the kernel's layouts and stages follow D from its descriptors' blocks
@@ -108,11 +100,8 @@ def _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices):
 
 
 @gluon.jit
-def _rounds(total, sched, L):
-    """How many of the `total` tiles this program runs (`_tile_of_round`): its count in the schedule's table, else
-    one a round, the last round partial."""
-    if sched is not None:
-        return gl.load(sched + gl.program_id(0) * (1 + L))
+def _rounds(total):
+    """How many of the `total` tiles this program runs (`_tile_of_round`): one a round, the last round partial."""
     P = gl.num_programs(0)
     p = gl.program_id(0)
     rounds = gl.cdiv(total, P)
@@ -121,12 +110,9 @@ def _rounds(total, sched, L):
 
 
 @gluon.jit
-def _tile_of_round(r, sched, L):
-    """The tile this program runs in round r: its r-th in the schedule's table (`schedule`); without one (packed
-    calls) the rounds snake over the programs (program p takes tile p of an even round, P - 1 - p of an odd one), so
-    that over the longest-first tiles each program's work evens out."""
-    if sched is not None:
-        return gl.load(sched + gl.program_id(0) * (1 + L) + 1 + r)
+def _tile_of_round(r):
+    """The tile this program runs in round r: the rounds snake over the programs (program p takes tile p of an even
+    round, P - 1 - p of an odd one), so that over the longest-first tiles each program's work evens out."""
     P = gl.num_programs(0)
     p = gl.program_id(0)
     return r * P + p + (r % 2) * (P - 1 - 2 * p)
@@ -145,8 +131,8 @@ def _key_tiles(t0, T, W, BN: gl.constexpr):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-              chunk_indices, sched, L, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty,
-              k_ready, v_ready, kv_empty, flag_bar, G):
+              chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+              v_ready, kv_empty, flag_bar, G):
     """For each of this program's tiles (`_tile_of_round`), copies q once both
     consumer warpgroups have released the last tile's (q_empty), then K and V of each key tile into the ring, whose
     count runs on across tiles."""
@@ -155,8 +141,8 @@ def _producer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
     NS: gl.constexpr = k_smem.shape[0]  # the ring's stages
     i = 0
     c = 0
-    for r in range(0, _rounds(NT * B * HQ, sched, L)):
-        idx = _tile_of_round(r, sched, L)
+    for r in range(0, _rounds(NT * B * HQ)):
+        idx = _tile_of_round(r)
         bos, length, i_hq, i_h, t0 = _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices)
         mbarrier.wait(q_empty.index(0), c & 1)
         mbarrier.expect(q_ready.index(0), 2 * BH_C * D * 2)
@@ -231,8 +217,8 @@ def _softmax_of_tile(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W, q
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-              chunk_indices, sched, L, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty,
-              k_ready, v_ready, kv_empty, flag_bar, G, i_wg):
+              chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+              v_ready, kv_empty, flag_bar, G, i_wg):
     """Consumer warpgroup i_wg: queries [64 i_wg, 64 i_wg + 64) of each of this program's tiles, over every key tile
     each sees; then the tile's o, lse, o_lo, the user's lse and its part of the tile's flag. q is released after the
     tile's last S product, so the producer loads the next tile's under this one's last P V product and epilogue."""
@@ -250,8 +236,8 @@ def _consumer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
     b_q = q_smem.index(i_wg)
     i0 = 0
     c = 0
-    for r in range(0, _rounds(NT * B * HQ, sched, L)):
-        idx = _tile_of_round(r, sched, L)
+    for r in range(0, _rounds(NT * B * HQ)):
+        idx = _tile_of_round(r)
         bos, length, i_hq, i_h, t0 = _tile(idx, B, T, NT, HQ, G, cu_seqlens, chunk_indices)
         t0r = t0 + i_wg * BH_C
         m_r = t0r + o_r < length  # packed: the tile's rows in its sequence
@@ -332,10 +318,10 @@ def _consumer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
         c += 1
 
 
-@gluon.jit(do_not_specialize=["B", "T", "NT", "W", "L"])
+@gluon.jit(do_not_specialize=["B", "T", "NT", "W"])
 def parallel_attn_fwd_kernel_hopper(
-    q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens, chunk_indices, sched, L,
-    B, T, NT, W, scale, HQ: gl.constexpr, G: gl.constexpr,
+    q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens, chunk_indices, B, T,
+    NT, W, scale, HQ: gl.constexpr, G: gl.constexpr,
 ):
     """o `[B, T, HQ, D]` and lse `[HQ, B * T]` (base 2, the sink included) of the 128-query tiles of this program
     (`_tile_of_round` of the NT * B * HQ), and the FLAG launch's flag of
@@ -374,14 +360,14 @@ def parallel_attn_fwd_kernel_hopper(
         mbarrier.arrive(kv_empty.index(s), count=2)  # every stage starts free
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
     producer = (q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-                chunk_indices, sched, L, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready,
-                q_empty, k_ready, v_ready, kv_empty, flag_bar, G)
+                chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+                v_ready, kv_empty, flag_bar, G)
     wg0 = (q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-           chunk_indices, sched, L, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty,
-           k_ready, v_ready, kv_empty, flag_bar, G, 0)
+           chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+           v_ready, kv_empty, flag_bar, G, 0)
     wg1 = (q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-           chunk_indices, sched, L, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty,
-           k_ready, v_ready, kv_empty, flag_bar, G, 1)
+           chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
+           v_ready, kv_empty, flag_bar, G, 1)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
                        [CONSUMER_REGS, CONSUMER_REGS])
 
@@ -403,42 +389,6 @@ def programs(s, tiles: int) -> int:
     return min(tiles, sm_count(s.device))
 
 
-def section(s) -> int:
-    """The query heads of one section of a dense call's schedule (`schedule`): the most KV heads, a power of 2, whose
-    K and V take at most SECTION_BYTES, times G; every head where all fit."""
-    kv_head = s.T * (s.K + s.V) * s.dtype.itemsize
-    heads = 1 << max(0, (SECTION_BYTES // kv_head).bit_length() - 1)
-    return min(heads * (s.HQ // s.H), s.B * s.HQ)
-
-
-def key_tiles(t0: int, T: int, W, BN: int) -> Tuple[int, int]:
-    """`_key_tiles` on the host."""
-    if W is not None:
-        if BN == BM:
-            return max(t0 - W + 1, 0) // BN, t0 // BN + 1
-        return max(t0 - W + 1, 0) // BN, -(-min(t0 + BM, T) // BN)
-    return 0, T // BN
-
-
-def schedule(s, NT: int, programs: int) -> Tuple[torch.Tensor, int]:
-    """The table (`lpt.table`) of the tiles each program of a dense call of Shape s runs: its NT * B * HQ tiles in
-    sections of `section(s)` query heads, in each the longest tiles first and the heads fastest (the Triton forward's
-    order within a section), dealt to the programs least loaded first at a tile's key tiles plus TILE_COST."""
-    W = s.W if s.WR is None else None
-    work = tuple(hi - lo for lo, hi in (key_tiles(i_t * BM, s.T, W, KEYS[s.K]) for i_t in range(NT)))
-    return _schedule(s.B * s.HQ, NT, section(s), programs, work, s.device)
-
-
-@functools.lru_cache(maxsize=64)
-def _schedule(BH: int, NT: int, S: int, programs: int, work: tuple, device: torch.device):
-    items = []
-    for slot in range(BH * NT):
-        sec, rest = divmod(slot, S * NT)
-        level, head = divmod(rest, min(S, BH - sec * S))
-        items.append((sec * S + head + BH * level, work[NT - 1 - level] + TILE_COST))
-    return lpt.table(lpt.deal(items, programs)[0], device)
-
-
 class HopperFwdLaunch(DescriptorLaunch):
     """Plan step (`launch.Plan.add`): the FLAG launch of a forward on `parallel_attn_fwd_kernel_hopper`
     (`descriptor_launch.DescriptorLaunch`) over the Triton forward's tiles with `programs`' programs; `args` as
@@ -451,10 +401,9 @@ class HopperFwdLaunch(DescriptorLaunch):
                  ("k", "k", (rows, s.H * D), [BN, D], smem_layout([BN, D])),
                  ("v", "v", (rows, s.H * D), [BN, D], smem_layout([BN, D])))
         grid = (programs(s, args["NT"] * s.B * s.HQ),)
-        sched, L = (None, 0) if args["cu_seqlens"] is not None else schedule(s, args["NT"], grid[0])
         super().__init__(parallel_attn_fwd_kernel_hopper, grid, dict(
             o=args["o"], o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
             gc=args["g_cumsum"], sink_bias=args["sink_bias"], cu_seqlens=args["cu_seqlens"],
-            chunk_indices=args["chunk_indices"], sched=sched, L=L, B=s.B, T=s.T, NT=args["NT"],
-            W=s.W if s.WR is None else None, scale=s.scale, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS,
+            chunk_indices=args["chunk_indices"], B=s.B, T=s.T, NT=args["NT"], W=s.W if s.WR is None else None,
+            scale=s.scale, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS,
             ), table, "_hopper_fwd_desc_")
