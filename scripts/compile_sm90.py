@@ -74,10 +74,10 @@ def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
 
 
 def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: int = 2, chunk: int = 2,
-                        gated: bool = False, sink: bool = False, **knobs):
+                        gated: bool = False, sink: bool = False, softcap: bool = False, **knobs):
     """The Gluon dK/dV kernel (`gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper`) for sm_90 at H = 4, G = 8, with
     the pointer types its launches pass (ACC_IN, ACC_OUT: fp32 sums read, written; `gated`: the gate's inputs;
-    `sink`: the sink and its partial sums) and its constexpr `knobs`."""
+    `sink`: the sink and its partial sums; `softcap`: its cap_in) and its constexpr `knobs`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import fla_bwd.ops.attn.gluon_dkv as GD
@@ -100,6 +100,10 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
         sig.update(sink_bias="*fp32", sink_part="*fp32")
     else:
         values.update(sink_bias=None, sink_part=None)
+    if softcap:
+        sig["cap_in"] = "fp32"
+    else:
+        values["cap_in"] = None
     names = fn.arg_names
     signature = {n: sig.get(n, "constexpr") for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
@@ -110,10 +114,12 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
 
 
 def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool = False, sink: bool = False,
-                            o_lo: bool = False, lse_out: bool = False, packed: bool = False, D: int = 128):
+                            o_lo: bool = False, lse_out: bool = False, packed: bool = False, D: int = 128,
+                            softcap: bool = False):
     """The Gluon forward (`gluon_fwd.parallel_attn_fwd_kernel_hopper`) for sm_90 at HQ = 32, G = 4 and head dim D, with
     the pointer types its launches pass: causal (W a runtime int) or not (None), and the gate, the sink, o_lo and the
-    user's lse each there or None; packed: cu_seqlens and chunk_indices int32 pointers, else None."""
+    user's lse each there or None; packed: cu_seqlens and chunk_indices int32 pointers, else None; softcap: an fp32
+    softcap, else None."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import fla_bwd.ops.attn.gluon_fwd as GF
@@ -135,7 +141,8 @@ def compile_hopper_fwd_sm90(dtype: torch.dtype, causal: bool = True, gated: bool
     else:
         values.update(gc=None)
     for name, on, ty in (("sink_bias", sink, "*fp32"), ("o_lo", o_lo, "*i8"), ("lse_out", lse_out, "*fp32"),
-                         ("cu_seqlens", packed, "*i32"), ("chunk_indices", packed, "*i32")):
+                         ("cu_seqlens", packed, "*i32"), ("chunk_indices", packed, "*i32"),
+                         ("softcap", softcap, "fp32")):
         if on:
             sig[name] = ty
         else:
@@ -456,14 +463,21 @@ def main():
             (f"ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated}" + (" sink=True" if sink else ""),
              functools.partial(compile_hopper_sm90, dtype, acc_in, acc_out, gated=gated, sink=sink))
             for acc_in, acc_out in ((False, False), (True, True), (True, False))
-            for gated, sink in ((False, False), (True, False), (False, True))], args)
+            for gated, sink in ((False, False), (True, False), (False, True))] + [
+            (f"ACC_IN={acc_in} ACC_OUT={acc_out} softcap=True" + (" sink=True" if sink else ""),
+             functools.partial(compile_hopper_sm90, dtype, acc_in, acc_out, sink=sink, softcap=True))
+            for acc_in, acc_out in ((False, False), (True, True)) for sink in (False, True)], args)
         return
     if args.hopper_fwd:
         _report_gluon("hopper fwd", [
             (" ".join(f"{n}={v}" for n, v in zip(("causal", "gated", "sink", "o_lo", "lse_out", "packed", "D"),
                                                  form + (D,))),
              functools.partial(compile_hopper_fwd_sm90, dtype, *form, D=D))
-            for D in map(int, args.dims.split(",")) for form in HOPPER_FWD_FORMS], args)
+            for D in map(int, args.dims.split(",")) for form in HOPPER_FWD_FORMS] + [
+            (f"softcap=True causal={causal} gated={gated} D={D}",
+             functools.partial(compile_hopper_fwd_sm90, dtype, causal, gated, D=D, softcap=True))
+            for D in map(int, args.dims.split(",")) for causal, gated in ((True, False), (False, False), (True, True))],
+            args)
         return
     overrides = {k: getattr(args, k) for k in ("fwd", "dq", "dkv")}
     if args.plain and args.gate_only:

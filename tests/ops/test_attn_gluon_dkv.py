@@ -14,6 +14,7 @@ import math
 
 import pytest
 import test_attn_nan
+import test_attn_softcap
 import torch
 from conftest import DEVICE
 from helpers import Case, check_against_oracle, make_inputs, run_parallel
@@ -262,6 +263,25 @@ def test_matches_oracle(case, split, monkeypatch):
     spy = HopperSpy(monkeypatch)
     with dq_path("from-ds"), ds_kernel("hopper"), dkv_path(_SPLIT_PATHS[split]):
         check_against_oracle(case)
+    assert spy.hopper == [True] and spy.splits == [split], (spy.hopper, spy.splits)
+
+
+SOFTCAP_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16),
+                 Case(B=2, T=512, HQ=8, H=2, K=128, dtype=bf16, sink=1.0),
+                 Case(B=1, T=384, HQ=4, H=1, K=128, dtype=bf16, sink=float("nan"))]
+
+
+@needs_hopper
+@pytest.mark.parametrize("case,split", [pytest.param(c, s, id=f"{c.id}-split{s}") for c in SOFTCAP_CASES
+                                        for s in (1, 2) if (c.HQ // c.H) % s == 0])
+def test_softcap_matches_oracle(case, split, monkeypatch):
+    """softcap on the Hopper kernel (tests/ops/test_attn_softcap.py's sharp inputs, which the cap bends): the stored
+    tiles and dK take the q.k products' dS, the sink's sums the scores'."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    spy = HopperSpy(monkeypatch)
+    with dq_path("from-ds"), ds_kernel("hopper"), dkv_path(_SPLIT_PATHS[split]):
+        check_against_oracle(case, test_attn_softcap._sharp(case), test_attn_softcap._ours(case),
+                             test_attn_softcap._oracle(case))
     assert spy.hopper == [True] and spy.splits == [split], (spy.hopper, spy.splits)
 
 

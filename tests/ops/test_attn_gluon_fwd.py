@@ -14,6 +14,7 @@ import math
 import pytest
 import test_attn_lse
 import test_attn_nan
+import test_attn_softcap
 import torch
 from conftest import DEVICE
 from helpers import Case, check_against_oracle, make_inputs, run_parallel
@@ -72,10 +73,11 @@ def test_out_of_scope_calls_say_why():
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, True) is None
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda, W=300), cuda, True) is None  # windows run
         assert dispatch.hopper_fwd_why_not(_shape(device=cuda, WR=2048), cuda, True) is None  # non-causal runs
+        assert dispatch.hopper_fwd_why_not(_shape(device=cuda, softcap=30.0), cuda, True) is None  # softcap runs
         dims = "K = V in (64, 128, 256)"
         for kw, why in [(dict(K=96, V=96), dims), (dict(K=128, V=64), dims), (dict(dtype=torch.float32), "16-bit"),
                         (dict(T=1000, W=1000), "multiple of 128"), (dict(Q0=128), "tail queries"),
-                        (dict(softcap=30.0), "softcap"), (dict(WR=5), "without a window"),
+                        (dict(WR=5), "without a window"),
                         (dict(WR=1024, W=64), "without a window"), (dict(B=2**21, T=1024), "B * T")]:
             assert why in dispatch.hopper_fwd_why_not(_shape(device=cuda, **kw), cuda, True), kw
         assert "16-byte aligned" in dispatch.hopper_fwd_why_not(_shape(device=cuda), cuda, False)
@@ -271,6 +273,26 @@ def test_noncausal_matches_oracle(case, monkeypatch):
     assert spy.hopper == [True], spy.hopper
 
 
+SOFTCAP_CASES = [Case(B=2, T=256, HQ=4, H=2, K=128, dtype=bf16),
+                 Case(B=1, T=384, HQ=8, H=2, K=128, dtype=f16, sink=1.0),
+                 Case(B=1, T=512, HQ=4, H=1, K=128, dtype=bf16, window=200, gate=True),
+                 Case(B=1, T=700, HQ=4, H=2, K=128, dtype=bf16, cu_seqlens=(0, 1, 1, 300, 700)),
+                 Case(B=1, T=384, HQ=4, H=2, K=64, dtype=bf16, sink=0.5)]
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=[c.id for c in SOFTCAP_CASES])
+def test_softcap_matches_oracle(case, monkeypatch):
+    """softcap on the Hopper forward (tests/ops/test_attn_softcap.py's sharp inputs, which the cap bends): o and
+    every gradient against the capped fp32 oracle."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    spy = FwdSpy(monkeypatch)
+    with fwd_kernel("hopper"):
+        check_against_oracle(case, test_attn_softcap._sharp(case), test_attn_softcap._ours(case),
+                             test_attn_softcap._oracle(case))
+    assert spy.hopper == [True], spy.hopper
+
+
 @needs_hopper
 @pytest.mark.parametrize("case", [Case(B=2, T=256, HQ=4, H=2, K=128, dtype=bf16, sink=1.0, gate=True),
                                   Case(B=1, T=384, HQ=4, H=1, K=128, dtype=f16, window=100)], ids=["gate-sink", "W100"])
@@ -311,17 +333,20 @@ def test_bitwise_repeatable_and_auto_takes_it(monkeypatch):
                                 dict(D=64, window_right=-1), dict(D=64, packed=True, window_size=200), dict(D=256),
                                 dict(D=256, gate=True, window_size=300), dict(D=256, window_right=-1),
                                 dict(D=256, packed=True, sink=True), dict(packed=True, gate=True),
-                                dict(D=256, packed=True, gate=True, window_size=200)],
+                                dict(D=256, packed=True, gate=True, window_size=200), dict(softcap=2.5),
+                                dict(softcap=2.5, gate=True, window_size=300), dict(softcap=2.5, window_right=-1),
+                                dict(D=64, softcap=2.5, sink=True), dict(softcap=2.5, packed=True)],
                          ids=["causal", "W300", "noncausal", "gated", "gated-W200", "sink", "packed",
                               "packed-sink-W200", "D64", "D64-gated", "D64-noncausal", "D64-packed-W200", "D256",
                               "D256-gated-W300", "D256-noncausal", "D256-packed-sink", "packed-gated",
-                              "D256-packed-gated-W200"])
+                              "D256-packed-gated-W200", "softcap", "softcap-gated-W300", "softcap-noncausal",
+                              "D64-softcap-sink", "softcap-packed"])
 def test_rounds_as_the_triton_forward(kw, monkeypatch):
     """o, lse and o_lo bitwise the Triton forward's (what containment needs: the Triton FIXUP launch recomputes a
     flagged tile, whose finite rows must be the clean run's), for the rounding each choice of `_softmax` makes."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
-    if not kw.get("packed"):  # a gated forward then makes o_lo (five products need it; they run dense calls only)
-        monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")
+    if not kw.get("packed") and not (kw.get("softcap") and kw.get("gate")):  # a gated forward then makes o_lo (five
+        monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")  # products need it; dense calls only, no softcap with a gate)
     B, T, HQ, H, D = 2, 1024, 8, 2, kw.get("D", 128)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, T, n, D, generator=gen, device="cuda", dtype=bf16) for n in (HQ, H, H))
@@ -337,7 +362,8 @@ def test_rounds_as_the_triton_forward(kw, monkeypatch):
     for kernel in ("triton", "hopper"):
         with fwd_kernel(kernel), ds_kernel("hopper" if D == 128 else "triton"):  # the Hopper dK/dV kernel: D 128
             o, lse, _, o_lo, _, _ = host.forward(q, k, v, g, sink, cu, D ** -0.5, kw.get("window_size", 0),
-                                                 for_backward=True, window_right=kw.get("window_right"))
+                                                 for_backward=True, window_right=kw.get("window_right"),
+                                                 softcap=kw.get("softcap", 0.0))
             out[kernel] = (o, lse, o_lo)
     for name, a, b in zip(("o", "lse", "o_lo"), out["triton"], out["hopper"]):
         assert (a is None) == (b is None), name

@@ -156,28 +156,28 @@ def test_feature_kernels_fit_hopper_shared_memory():
 
 def test_hopper_dkv_kernel_fits_hopper_shared_memory():
     """The five-product backward's Gluon dK/dV kernel (`gluon_dkv.py`; scripts/compile_sm90.py --hopper: its three
-    launch forms, fp32 sums read and/or written, each plain, gated and with a sink) compiles for sm_90 with the Triton
-    installed here and fits."""
+    launch forms, fp32 sums read and/or written, each plain, gated and with a sink; and two of them with softcap, with
+    and without a sink) compiles for sm_90 with the Triton installed here and fits."""
     import fla_bwd.ops.attn.gluon_dkv  # noqa: F401 - for scripts/find_dependent_tests.py
 
     rc, lines = compile_sm90_recorded("hopper", ["--hopper"])
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    assert out.count("smem") == 3 * 3, out
+    assert out.count("smem") == 3 * 3 + 2 * 2, out
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_hopper_forward_fits_hopper_shared_memory(dtype):
     """The Gluon forward (`gluon_fwd.py`; scripts/compile_sm90.py --hopper-fwd: causal and not, gated with o_lo,
     with a sink and the user's lse, all of them, packed alone, packed with a sink and the user's lse, and packed
-    gated) at head dims 64, 128 and 256 compiles for sm_90 with the Triton installed here and fits: three K/V stages
-    at D = 128 leave it ~1 KB of the 227 KB a block may use (gated)."""
+    gated; softcap causal, non-causal and gated) at head dims 64, 128 and 256 compiles for sm_90 with the Triton
+    installed here and fits: three K/V stages at D = 128 leave it ~1 KB of the 227 KB a block may use (gated)."""
     import fla_bwd.ops.attn.gluon_fwd  # noqa: F401 - for scripts/find_dependent_tests.py
 
     rc, lines = compile_sm90_recorded(f"hopper_fwd_{dtype}", ["--hopper-fwd", "--dims", "64,128,256", "--dtype", dtype])
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    assert out.count("smem") == 8 * 3, out
+    assert out.count("smem") == (8 + 3) * 3, out
 
 
 # --- The subprocess: scripts/compile_sm90.py's main with a record of earlier compiles. ---------------------------

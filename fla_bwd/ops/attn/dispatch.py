@@ -100,8 +100,6 @@ def hopper_fwd_why_not(s, device: torch.device, aligned: bool, dense: bool = Tru
         return f"it needs head dims K = V in {gluon_fwd.HEAD_DIMS}"
     if s.Q0 or s.QP:
         return "it needs q as long as k (no tail queries)"
-    if s.softcap:
-        return "it has no softcap"
     if s.WR is not None and min(s.W, s.WR) < s.T:
         return "it runs non-causal attention without a window only"
     if not dense and s.WR is not None:
@@ -254,8 +252,6 @@ def hopper_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
         return "it needs an sm_90 (Hopper) GPU"
     if not (s.K == s.V == D):
         return f"it needs head dims K = V = {D}"
-    if s.softcap:
-        return "it has no softcap"
     if s.W < s.T:
         return "it runs full causal attention only (no window)"
     if s.T % BT:

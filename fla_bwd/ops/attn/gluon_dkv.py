@@ -15,7 +15,8 @@ It is the FLAG launch of the two-launch containment (`host.add_contained`): ever
 its dK/dV is not finite, and the Triton kernel's FIXUP launch recomputes those tiles with containment.
 
 Scope (`dispatch.hopper_why_not`): sm_90, 16-bit q/k/v, head dims K = V = 128, full causal, T a multiple of 128,
-dense, gated or not, with a sink or not, one launch per chunk of heads; "auto" from `config.HOPPER_DKV_MIN_T` on
+dense, gated or not, with a sink or not, softcap or not (not with a gate: `dispatch._five`), one launch per chunk
+of heads; "auto" from `config.HOPPER_DKV_MIN_T` on
 (`dispatch._hopper`), its shares of each group by `dispatch.hopper_split`. Gluon has no CPU
 interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
 """
@@ -32,6 +33,7 @@ from fla_bwd.ops.attn import config
 from fla_bwd.ops.attn.gluon_hopper import (
     fence_async_shared,
     mbarrier,
+    tanh,
     tma,
     tma_load,
     tma_store,
@@ -81,7 +83,7 @@ def _item(sched, t, L, B, H, SPLIT):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk,
-              dv, dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+              dv, dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, cap_in,
               q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
               kv_empty, H, G, SPLIT, CHUNK, ACC_IN):
     """Copies each item's K/V (a [64, D] box a consumer warpgroup), then q, dO, lse, delta (and, gated, the
@@ -114,7 +116,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk,
-              dv, dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+              dv, dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, cap_in,
               q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
               kv_empty, H, G, SPLIT, CHUNK, ACC_IN, i_wg):
     """Consumer warpgroup i_wg: keys [64 i_wg, 64 i_wg + 64) of every item, the four products of each of its
@@ -124,6 +126,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
     (`from_ds.py`: here its key side cost 50 of 329 us at gqa4-long-gated)."""
     USE_G: gl.constexpr = gc is not None
     USE_SINK: gl.constexpr = sink_bias is not None
+    SOFTCAP: gl.constexpr = cap_in is not None
     dtype: gl.constexpr = q_desc.dtype
     o_q = gl.arange(0, BQ_C, layout=gl.SliceLayout(0, MMA_S))
     o_key = gl.arange(0, BH_C, layout=gl.SliceLayout(1, MMA_S))
@@ -168,6 +171,9 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                 b_st = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))
                 # lse and delta read where they are used: held across the iteration they spilled
                 b_lse = lse_smem.index(s).load(gl.SliceLayout(0, MMA_S))
+                if SOFTCAP:  # the capped scores softcap * tanh(scale * q.k / softcap) (qk_scale: softcap * log2 e)
+                    b_tt = tanh(b_st * cap_in)
+                    b_st = b_tt
                 if USE_G:
                     b_gq = gq_smem.index(s).load(gl.SliceLayout(0, MMA_S))
                     b_st = b_st * qk_scale + (b_gq[None, :] - b_gk[:, None])  # the Triton kernel's order
@@ -177,6 +183,8 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                 if qi < 2 * m + 2:  # the diagonal blocks: key <= query
                     b_pt = gl.where((key0 + o_key)[:, None] <= (qi * BQ_C + o_q)[None, :], b_pt, 0.0)
                 acc_dv = warpgroup_mma(gl.convert_layout(b_pt.to(dtype), OPERAND_A), b_do, acc_dv, is_async=True)
+                if SOFTCAP and not USE_SINK:  # P times the cap's derivative: t dies before the wait (held, it spilled)
+                    b_pt = b_pt * (1 - b_tt * b_tt)
                 b_dpt = warpgroup_mma_wait(num_outstanding=1, deps=(tok_dp,))  # dV stays in flight
                 if (CHUNK > 1) & (c == CHUNK - 1) & (qi == T // BQ_C - 1):  # the item's K/V are read for the
                     mbarrier.arrive(kv_empty.index(0), count=1)  # last time: the next item's copies run under its end
@@ -185,6 +193,8 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
                 if USE_SINK:  # fp32, before dS is rounded; summed over queries, within each warp
                     b_w = gl.exp2(b_sink - lse_smem.index(s).load(gl.SliceLayout(0, MMA_S)))
                     acc_sk += gl.sum(b_dsf * b_w[None, :], 1)
+                if SOFTCAP and USE_SINK:  # dS of the q.k products, which dK and the stored tiles take
+                    b_dsf = b_dsf * (1 - b_tt * b_tt)
                 b_ds = b_dsf.to(dtype)
                 if (i_wg == 0) | (qi > 2 * m):  # tile (qi, 2m + i_wg) is in the band (`from_ds.ds_layout`, causal)
                     buf = ds_smem.index(2 * i_wg + n_st % 2)
@@ -213,7 +223,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc
 @gluon.jit(do_not_specialize=["L", "B", "T", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dkv_ds_hopper(
     q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk, dv, dk_in,
-    dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, ACC_IN, H: gl.constexpr, G: gl.constexpr,
+    dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, cap_in, ACC_IN, H: gl.constexpr, G: gl.constexpr,
     SPLIT: gl.constexpr, CHUNK: gl.constexpr,
 ):
     """dK/dV of heads [G0, G0 + CHUNK) of each share of G / SPLIT query heads, their dS^T tiles (`from_ds.py`'s
@@ -222,7 +232,8 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     ACC_IN (a runtime 0/1: else they are not read), as the Triton kernel's ACC_IN / ACC_OUT. Gated: gc
     `[HQ, B * T]` (fp32, base 2; gc_desc its TMA view); ungated: both None. With a sink (sink_bias `[HQ]`, else
     None): each head's fp32 sum of p_sink * dS over an item's 64 keys of a consumer warpgroup into sink_part
-    `[HQ, B * T / 64]`, as the Triton kernel's."""
+    `[HQ, B * T / 64]`, as the Triton kernel's. cap_in: scale / softcap where the logits are capped (qk_scale is then
+    softcap * log2 e; dK and the stored tiles take the q.k products' dS, the sink's sums the scores'), else None."""
     gl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES_C, BQ_C, D_C], Q_SMEM)
@@ -248,15 +259,15 @@ def parallel_attn_bwd_kernel_dkv_ds_hopper(
     mbarrier.arrive(kv_empty.index(0), count=2)
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
     wg0 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk, dv,
-           dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+           dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, cap_in,
            q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 0)
     wg1 = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk, dv,
-           dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+           dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, cap_in,
            q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready, kv_empty,
            H, G, SPLIT, CHUNK, ACC_IN, 1)
     producer = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, ds_desc, gc_desc, gc, sink_bias, sink_part, dk,
-                dv, dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale,
+                dv, dk_in, dv_in, nonfinite, sched, L, B, T, NTILE, G0, qk_scale, dk_scale, cap_in,
                 q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, gq_smem, ds_smem, ready, empty, kv_ready,
                 kv_empty, H, G, SPLIT, CHUNK, ACC_IN)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
@@ -328,7 +339,8 @@ class HopperDkvLaunch(DescriptorLaunch):
             gc=args["gc"], sink_bias=args.get("sink_bias"), sink_part=args.get("sink_part"), dk=args["dk"],
             dv=args["dv"], dk_in=args["dk_in"] if acc_in else args["dk"], dv_in=args["dv_in"] if acc_in else args["dv"],
             nonfinite=args["nonfinite"], sched=sched, L=L, B=s.B, T=s.T, NTILE=ntile, G0=G0,
-            qk_scale=s.scale * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale, ACC_IN=int(acc_in), H=s.H,
+            qk_scale=(s.softcap or s.scale) * LOG2E, dk_scale=1.0 if args["acc_out"] else s.scale,
+            cap_in=s.scale / s.softcap if s.softcap else None, ACC_IN=int(acc_in), H=s.H,
             G=s.HQ // s.H, SPLIT=split, CHUNK=chunk, **({} if gated else {"gc_desc": None}),
             num_warps=NUM_WARPS), tuple((name, args[name].name, view, block, layout.value)
                                         for name, view, block, layout in table), _DESC)

@@ -20,10 +20,11 @@ are indexed as the Triton forward's programs, so the flags index the same tiles.
 
 Scope (`dispatch.hopper_fwd_why_not`): sm_90, 16-bit q/k/v, head dims K = V in `HEAD_DIMS` (the kernel reads D from
 its descriptors' blocks), every query (no tail queries),
-causal with any window or non-causal without one, gated or not, with a sink or not, o_lo and the user's lse where
-asked; no softcap. Dense: T a multiple of 128. Packed (cu_seqlens, causal): sequences of any length, each tile's keys
-counted from its sequence's first token; a tile's rows past its sequence run on the next sequence's q (or TMA's zeros
-past the tensor) and are not stored (their flag can only send the tile to the FIXUP launch once more than needed).
+causal with any window or non-causal without one, gated or not, with a sink or not, softcap or not, o_lo and the
+user's lse where asked. Dense: T a multiple of 128. Packed (cu_seqlens, causal): sequences of any length, each
+tile's keys counted from its sequence's first token; a tile's rows past its sequence run on the next sequence's q
+(or TMA's zeros past the tensor) and are not stored (their flag can only send the tile to the FIXUP launch once more
+than needed).
 Gluon has no CPU interpreter: the tests compile it for sm_90 on the CPU and run it on the GPU.
 """
 
@@ -37,6 +38,7 @@ from fla_bwd.ops.attn.gluon_hopper import (
     cp_async_arrive,
     cp_async_load,
     mbarrier,
+    tanh,
     tma_load,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -131,8 +133,8 @@ def _key_tiles(t0, T, W, BN: gl.constexpr):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-              chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
-              v_ready, kv_empty, flag_bar, G):
+              chunk_indices, B, T, NT, W, HQ, qk_scale, cap_in, softcap, q_smem, k_smem, v_smem, gk_smem, q_ready,
+              q_empty, k_ready, v_ready, kv_empty, flag_bar, G):
     """For each of this program's tiles (`_tile_of_round`), copies q once both
     consumer warpgroups have released the last tile's (q_empty), then K and V of each key tile into the ring, whose
     count runs on across tiles."""
@@ -166,15 +168,18 @@ def _producer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
 
 
 @gluon.jit
-def _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, MASK: gl.constexpr):
+def _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, cap_in, softcap, MASK: gl.constexpr):
     """The online softmax of key tile j's q.k products b_qk [BH, BN] for queries t0r + o_r: (P, the factor that
     rescales O, m, l), rounded as the Triton forward's (`inner.fwd_block`), so that the Triton FIXUP launch of a
     flagged tile gives its finite rows bitwise these values. Gated: scores are one fma with gq - gk (gk from stage
     s). MASK: a tile the Triton forward masks (`_masked`); unmasked ungated tiles take exp2 of one fma. Both fmas are
     the ones LLVM contracts the Triton forward's code into, made explicit here, where it contracted neither. A row
-    that sees nothing yet keeps m = -inf and subtracts 0."""
+    that sees nothing yet keeps m = -inf and subtracts 0. softcap (else None): the products become tanh(cap_in * q.k)
+    first (cap_in = scale / softcap), and qk_scale is softcap * log2 e (`inner.scores`)."""
     MMA: gl.constexpr = b_qk.type.layout
     BN: gl.constexpr = b_qk.shape[1]
+    if softcap is not None:
+        b_qk = tanh(b_qk * cap_in)
     if gc is not None:
         b_gk = gk_smem.index(s).load(gl.SliceLayout(0, MMA))
         b_s = gl.fma(b_qk, qk_scale, b_gq[:, None] - b_gk[None, :])
@@ -204,21 +209,24 @@ def _masked(j, t0, W, BN: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_of_tile(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W, qk_scale):
+def _softmax_of_tile(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W, qk_scale, cap_in, softcap):
     """`_softmax` of key tile j, masked where the Triton forward masks it (never without causality, W None)."""
     if W is None:
-        b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, False)
+        b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, cap_in,
+                                          softcap, False)
     elif _masked(j, t0, W, b_qk.shape[1]):
-        b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, True)
+        b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, cap_in,
+                                          softcap, True)
     else:
-        b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, False)
+        b_p, b_alpha, b_m, b_l = _softmax(b_qk, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0r, W, qk_scale, cap_in,
+                                          softcap, False)
     return b_p, b_alpha, b_m, b_l
 
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-              chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
-              v_ready, kv_empty, flag_bar, G, i_wg):
+              chunk_indices, B, T, NT, W, HQ, qk_scale, cap_in, softcap, q_smem, k_smem, v_smem, gk_smem, q_ready,
+              q_empty, k_ready, v_ready, kv_empty, flag_bar, G, i_wg):
     """Consumer warpgroup i_wg: queries [64 i_wg, 64 i_wg + 64) of each of this program's tiles, over every key tile
     each sees; then the tile's o, lse, o_lo, the user's lse and its part of the tile's flag. q is released after the
     tile's last S product, so the producer loads the next tile's under this one's last P V product and epilogue."""
@@ -252,7 +260,8 @@ def _consumer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
         mbarrier.wait(k_ready.index(s), (i0 // NS) & 1)
         tok = warpgroup_mma(b_q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
         b_s = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-        b_p, _, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, lo, t0, t0r, W, qk_scale)
+        b_p, _, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, lo, t0, t0r, W, qk_scale,
+                                            cap_in, softcap)
         acc = zero_o
         for j in range(lo + 1, hi):
             i = i0 + j - lo
@@ -265,7 +274,7 @@ def _consumer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
             acc = warpgroup_mma(b_pa, v_smem.index(sp), acc, is_async=True)
             b_s = warpgroup_mma_wait(num_outstanding=1, deps=(tok,))  # S_j; P V of tile j - 1 stays in flight
             b_p, b_alpha, b_m, b_l = _softmax_of_tile(b_s, b_m, b_l, b_gq, gc, gk_smem, s, o_r, j, t0, t0r, W,
-                                                      qk_scale)
+                                                      qk_scale, cap_in, softcap)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(kv_empty.index(sp), count=1)
             acc = acc * gl.convert_layout(b_alpha, ROW_O)[:, None]
@@ -321,7 +330,7 @@ def _consumer(q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink
 @gluon.jit(do_not_specialize=["B", "T", "NT", "W"])
 def parallel_attn_fwd_kernel_hopper(
     q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens, chunk_indices, B, T,
-    NT, W, scale, HQ: gl.constexpr, G: gl.constexpr,
+    NT, W, scale, softcap, HQ: gl.constexpr, G: gl.constexpr,
 ):
     """o `[B, T, HQ, D]` and lse `[HQ, B * T]` (base 2, the sink included) of the 128-query tiles of this program
     (`_tile_of_round` of the NT * B * HQ), and the FLAG launch's flag of
@@ -329,12 +338,17 @@ def parallel_attn_fwd_kernel_hopper(
     chunk_indices (`index.chunk_indices`: NT (sequence, tile) pairs), else None. W: keys [i - W + 1, i] (causal);
     None: every key (a partition sees a None as such, where a constexpr flag would reach it as a value). Gated: gc
     `[HQ, B * T]` (fp32, base 2, copied by cp.async, else None); with a sink: sink_bias `[HQ]`; o_lo (int8, o's
-    shape) and lse_out (`[B * T, HQ]`, natural log) where not None."""
+    shape) and lse_out (`[B * T, HQ]`, natural log) where not None. softcap: logits softcap * tanh(scale * q.k /
+    softcap), or None."""
     dtype: gl.constexpr = q_desc.dtype
     D: gl.constexpr = q_desc.block_shape[1]
     gl.static_assert(k_desc.block_shape[1] == D and v_desc.block_shape[1] == D)
     NS: gl.constexpr = _stages(D)
     qk_scale = scale * LOG2E_C  # in fp32 here, as the Triton forward's `inner.score_scales`
+    cap_in = scale  # unused without a softcap (a partition's tuple takes no None made here)
+    if softcap is not None:
+        qk_scale = softcap * LOG2E_C
+        cap_in = scale / softcap
     q_smem = gl.allocate_shared_memory(dtype, [2, BH_C, D], q_desc.layout)  # [consumer warpgroup, query, d]
     BN: gl.constexpr = k_desc.block_shape[0]
     k_smem = gl.allocate_shared_memory(dtype, [NS, BN, D], k_desc.layout)
@@ -360,14 +374,14 @@ def parallel_attn_fwd_kernel_hopper(
         mbarrier.arrive(kv_empty.index(s), count=2)  # every stage starts free
     # Partitions take flat tuples (no concatenation or unpacking in Gluon): the same arguments, then i_wg.
     producer = (q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-                chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
-                v_ready, kv_empty, flag_bar, G)
+                chunk_indices, B, T, NT, W, HQ, qk_scale, cap_in, softcap, q_smem, k_smem, v_smem, gk_smem, q_ready,
+                q_empty, k_ready, v_ready, kv_empty, flag_bar, G)
     wg0 = (q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-           chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
-           v_ready, kv_empty, flag_bar, G, 0)
+           chunk_indices, B, T, NT, W, HQ, qk_scale, cap_in, softcap, q_smem, k_smem, v_smem, gk_smem, q_ready,
+           q_empty, k_ready, v_ready, kv_empty, flag_bar, G, 0)
     wg1 = (q_desc, k_desc, v_desc, o, o_lo, lse, lse_out, nonfinite, gc, sink_bias, cu_seqlens,
-           chunk_indices, B, T, NT, W, HQ, qk_scale, q_smem, k_smem, v_smem, gk_smem, q_ready, q_empty, k_ready,
-           v_ready, kv_empty, flag_bar, G, 1)
+           chunk_indices, B, T, NT, W, HQ, qk_scale, cap_in, softcap, q_smem, k_smem, v_smem, gk_smem, q_ready,
+           q_empty, k_ready, v_ready, kv_empty, flag_bar, G, 1)
     gl.warp_specialize([(_producer, producer), (_consumer, wg0), (_consumer, wg1)], [4, 4],
                        [CONSUMER_REGS, CONSUMER_REGS])
 
@@ -405,5 +419,5 @@ class HopperFwdLaunch(DescriptorLaunch):
             o=args["o"], o_lo=args["o_lo"], lse=args["lse"], lse_out=args["lse_out"], nonfinite=args["nonfinite"],
             gc=args["g_cumsum"], sink_bias=args["sink_bias"], cu_seqlens=args["cu_seqlens"],
             chunk_indices=args["chunk_indices"], B=s.B, T=s.T, NT=args["NT"], W=s.W if s.WR is None else None,
-            scale=s.scale, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS,
+            scale=s.scale, softcap=s.softcap or None, HQ=s.HQ, G=s.HQ // s.H, num_warps=NUM_WARPS,
             ), table, "_hopper_fwd_desc_")
