@@ -117,6 +117,20 @@ def test_hopper_dispatch(kw, auto, forced, monkeypatch):
         dispatch.five_product(_shape(**kw), True, False)
 
 
+@pytest.mark.parametrize("measured", [False, True])
+def test_softcap_on_the_hopper_kernel(measured, monkeypatch):
+    """softcap runs on the Hopper kernel where forced, and under "auto" only where `config.HOPPER_SOFTCAP` says its
+    form was measured (else auto keeps the Triton kernel, here at 3.35 TB/s: seven products)."""
+    _fake_hopper_scope(monkeypatch)
+    monkeypatch.setattr(config, "HOPPER_SOFTCAP", measured)
+    s = _shape(softcap=30.0)
+    five = dispatch.five_product(s, True, True)
+    assert (five is not None and five.hopper) if measured else (five is None or not five.hopper), five
+    with ds_kernel("hopper"):
+        assert dispatch.five_product(s, True, True).hopper
+    assert dispatch.five_product(_shape(softcap=30.0, g_dtype=torch.float32), True, True) is None  # with a gate
+
+
 @pytest.mark.parametrize("kw,auto", [  # (split, chunk) of "auto" on the Hopper kernel, or None for seven products
     (dict(B=4, T=512, W=512), (1, 1)),  # mha-short: five products from `config.FIVE_PRODUCT_MIN_T_HOPPER`
     (dict(B=4, T=512, W=512, H=8), (2, 2)),  # gqa4-short: two shares balance its items (`gluon_dkv.split_for`)

@@ -116,6 +116,12 @@ def test_dispatch(kw, monkeypatch):
     assert dispatch.forward_kernel(wide, True, True, "hopper", False)[0]
     assert dispatch.forward_kernel(_shape(**dict(kw, K=64, V=64)), True, True, "auto", False)[0]
     assert dispatch.forward_kernel(s, False, True, "auto", False)[0]  # packed
+    capped = _shape(**dict(kw, softcap=30.0))  # softcap: "auto" once config.HOPPER_SOFTCAP says it was measured
+    for measured in (False, True):
+        monkeypatch.setattr(config, "HOPPER_SOFTCAP", measured)
+        hopper, why = dispatch.forward_kernel(capped, True, True, "auto", False)
+        assert hopper == measured and (measured or "softcap" in why), why
+        assert dispatch.forward_kernel(capped, True, True, "hopper", False)[0]
     for aligned, inline, match in [(True, True, "contains NaN/Inf inline"), (False, False, "unaligned")]:
         hopper, why = dispatch.forward_kernel(s, True, aligned, "auto", inline)
         assert not hopper and match in why

@@ -86,6 +86,9 @@ HOPPER_FWD_MIN_T = 2048
 # ... and at these head dims: at 256 (64-key tiles, two stages) it took 399 against 365 us on B2 T2048 G4 and 2327
 # against 2220 on g8-T8192 (H100); at 64, 1.06-1.24x the Triton forward.
 HOPPER_FWD_HEAD_DIMS = (64, 128)
+# Whether "auto" runs softcap on the Hopper kernels (both; forced, they run it regardless): off until their softcap
+# forms have run on a GPU (compiled for sm_90 only, session 45: no machine was lent).
+HOPPER_SOFTCAP = False
 # The splits of each group's query heads (programs a key tile) "auto" tries for five products, in order: 1 where it
 # keeps the GPU busy, else 4 (won on every imbalanced row measured), else 2 (G = 2; won at g8-T4096).
 FIVE_PRODUCT_SPLITS = (1, 4, 2)

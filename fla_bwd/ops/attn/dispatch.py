@@ -133,6 +133,9 @@ def forward_kernel(s, dense: bool, aligned: bool, forced: str, inline: bool) -> 
         return False, f"triton: T = {s.T} < {config.HOPPER_FWD_MIN_T}, where the Hopper kernel measured faster"
     if s.K not in config.HOPPER_FWD_HEAD_DIMS:
         return False, f"triton: head dim {s.K}, where the Triton forward measured faster"
+    if s.softcap and not config.HOPPER_SOFTCAP:
+        return False, ("triton: softcap, whose Hopper form has not run on a GPU yet (config.HOPPER_SOFTCAP; "
+                       "FLA_BWD_FWD_KERNEL=hopper runs it)")
     return True, "hopper: the warp-specialized Gluon kernel runs this call"
 
 
@@ -266,7 +269,8 @@ def hopper_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
 def _hopper(s, aligned: bool, k: Knobs) -> bool:
     """Whether this five-product backward (an `eligible`, dense call) runs the Hopper dK/dV kernel. FLA_BWD_DS_KERNEL
     "auto": where it can (`hopper_why_not`, and two-launch containment: it is the FLAG launch) from
-    `config.HOPPER_DKV_MIN_T` on (ungated: from `config.FIVE_PRODUCT_MIN_T_HOPPER`); "hopper": wherever it can,
+    `config.HOPPER_DKV_MIN_T` on (ungated: from `config.FIVE_PRODUCT_MIN_T_HOPPER`), softcap where
+    `config.HOPPER_SOFTCAP`; "hopper": wherever it can,
     and ValueError where it cannot; "triton": never."""
     if k.ds_kernel == "triton":
         return False
@@ -276,7 +280,8 @@ def _hopper(s, aligned: bool, k: Knobs) -> bool:
     if k.ds_kernel == "hopper" and why is not None:
         raise ValueError(f"ds kernel 'hopper' (FLA_BWD_DS_KERNEL) cannot run this backward: {why}")
     long_enough = s.T >= (config.HOPPER_DKV_MIN_T if s.g_dtype is not None else config.FIVE_PRODUCT_MIN_T_HOPPER)
-    return why is None and (k.ds_kernel == "hopper" or long_enough)
+    measured = config.HOPPER_SOFTCAP or not s.softcap
+    return why is None and (k.ds_kernel == "hopper" or (long_enough and measured))
 
 
 @functools.lru_cache(maxsize=256)
