@@ -47,7 +47,8 @@ from fla_bwd.ops.attn.config import (
 from fla_bwd.ops.attn.inner import FLAG
 
 HOPPER_SMEM_PER_BLOCK = 232448  # 227 KB: cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200
-TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int8: "i8"}
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int8: "i8",
+         torch.int64: "i64"}
 
 
 def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
@@ -290,12 +291,15 @@ def kernels(D: int, dtype=torch.bfloat16, gated=True, sink=True, five=False, fea
     if 64 < D and "dkv_window" in TILE_CONFIGS[(dtype != f32, D > 128)]:  # short windows (`config.dkv_tiles`)
         plain.append(("dkv_per_kv_head_window", P.parallel_attn_bwd_kernel_dkv_per_kv_head,
                       dict(dkv, dk=t(), dv=t(), SPLIT=1, W=50, **no_ds), "dkv_window"))
-    if five:  # the five-product backward (dense): a middle chunk's dK/dV launch, unsplit, split, gated, sink
+    if five:  # the five-product backward: a middle chunk's dK/dV launch, unsplit, packed, split, gated, sink
         store = dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), ds=t(),
                      dk_in=t(f32), dv_in=t(f32), sink_bias=None, sink_part=None, NTILE=1000, G0=2, CHUNK=2, HEADS=1,
-                     ACC_OUT=True, DK_FROM_DS=False)
+                     ACC_OUT=True, DK_FROM_DS=False, ds_offsets=None, TILES=None)
         ds_kernel = P.parallel_attn_bwd_kernel_dkv_ds_per_kv_head
+        i32 = torch.int32
+        packed = dict(cu_seqlens=t(i32), chunk_indices=t(i32), ds_offsets=t(torch.int64), TILES=8000)
         plain = [("dkv_store_ds", ds_kernel, dict(store, SPLIT=1), "dkv_ds"),
+                 ("dkv_store_ds_packed", ds_kernel, dict(store, SPLIT=1, **packed), "dkv_ds"),
                  ("dkv_store_ds_split4", ds_kernel, dict(store, SPLIT=4), "dkv_ds"),
                  ("dkv_store_ds_gated", ds_kernel,
                   dict(store, SPLIT=1, g_cumsum=t(f32)), "dkv_ds"),
@@ -324,7 +328,7 @@ def _features(D: int, dtype, t, plain: list, dkv: dict, no_ds: dict):
     cap = dict(softcap=4.0)
     store = dict(dkv, g_cumsum=None, dgc_k=None, dsink_partial=None, dsink=None, dk=t(f32), dv=t(f32), ds=t(),
                  dk_in=t(f32), dv_in=t(f32), sink_bias=t(f32), sink_part=t(f32), NTILE=1000, G0=2, CHUNK=2, HEADS=1,
-                 ACC_OUT=True, DK_FROM_DS=D > DK_FROM_DS_ABOVE_D, SPLIT=1, **cap)
+                 ACC_OUT=True, DK_FROM_DS=D > DK_FROM_DS_ABOVE_D, SPLIT=1, ds_offsets=None, TILES=None, **cap)
     if store["DK_FROM_DS"]:
         store.update(dk=None, dk_in=None)
     ds_kernel = P.parallel_attn_bwd_kernel_dkv_ds_per_kv_head
@@ -362,8 +366,9 @@ def _five_extra(D: int, dtype, t, base: dict):
     import fla_bwd.ops.attn.from_ds as F
     cfg = tile_config("dkv_ds", D, dtype)
     bk = max(16, triton.next_power_of_2(D))
-    dq = dict(k=t(), ds=t(), dq=t(), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D,
-              BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1)
+    dq = dict(k=t(), ds=t(), dq=t(), cu_seqlens=None, chunk_indices=None, ds_offsets=None, scale=0.1, T=100, W=100,
+              NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D, BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_BANDS=8, SPLIT=1)
+    packed = dict(cu_seqlens=t(torch.int32), chunk_indices=t(torch.int32), ds_offsets=t(torch.int64))
     f32 = torch.float32
     fwd = dict(base, o=t(), o_lo=t(torch.int8), lse_out=None, g_cumsum=t(f32), sink_bias=None, CONTAIN=FLAG.value)
     delta = dict(o=t(), o_lo=None, do=t(), dlse=None, delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
@@ -371,6 +376,8 @@ def _five_extra(D: int, dtype, t, base: dict):
               SPLIT=1, CHUNK=2, K=D, BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_PARTS=8, ACC_OUT=True)
     wide = [("dk_from_ds", F.parallel_attn_bwd_kernel_dk_from_ds, dk, "dkv_ds")] if D > DK_FROM_DS_ABOVE_D else []
     return wide + [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None), "dkv_ds"),
+            ("dq_from_ds_packed", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None, **packed),
+             "dkv_ds"),
             ("dq_from_ds_gated", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=t(f32), dgk_part=t(f32)),
              "dkv_ds"),
             ("key_side", F.key_side_kernel, dict(dgk_part=t(f32), dgc_k=t(f32), T=100, W=100, G0=2, H=4, G=8,

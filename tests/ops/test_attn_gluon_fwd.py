@@ -352,7 +352,7 @@ def test_rounds_as_the_triton_forward(kw, monkeypatch):
     flagged tile, whose finite rows must be the clean run's), for the rounding each choice of `_softmax` makes."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
     if not kw.get("packed") and not (kw.get("softcap") and kw.get("gate")):  # a gated forward then makes o_lo (five
-        monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")  # products need it; dense calls only, no softcap with a gate)
+        monkeypatch.setenv("FLA_BWD_DQ_PATH", "from-ds")  # products need it; dense gated calls, no softcap with a gate)
     B, T, HQ, H, D = 2, 1024, 8, 2, kw.get("D", 128)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, T, n, D, generator=gen, device="cuda", dtype=bf16) for n in (HQ, H, H))

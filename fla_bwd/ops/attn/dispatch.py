@@ -286,13 +286,18 @@ def _hopper(s, aligned: bool, k: Knobs) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def ds_chunk(B: int, T: int, H: int, G: int, W: int, D: int, budget: int, split: int = 1,
-             gated: bool = False) -> Optional[int]:
+             gated: bool = False, lengths: Optional[tuple] = None) -> Optional[int]:
     """Query heads of each share (G / split heads) per chunk: the largest divisor of the share whose scratch
     (B * H * split * chunk bands, `from_ds.band_bytes`) fits in `budget` bytes, or None if one head of every share
-    does not fit (then the seven-product backward runs)."""
+    does not fit (then the seven-product backward runs). Packed (`lengths`, B = 1, ungated): a band is every
+    sequence's."""
     cfg = config.tile_config("dkv_ds", D)
-    rows = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"]  # a band's rows in the dK/dV kernel's descriptor view
-    band = band_bytes(T, W, D, gated)
+    # a band's rows in the dK/dV kernel's descriptor view, and its bytes
+    if lengths is None:
+        rows, band = ds_layout(T, W, cfg["BS"], cfg["BT"]) * cfg["BT"], band_bytes(T, W, D, gated)
+    else:
+        rows = sum(ds_layout(n, W, cfg["BS"], cfg["BT"]) for n in lengths) * cfg["BT"]
+        band = sum(band_bytes(n, W, D, gated) for n in lengths)
     bands = B * H * split
     for chunk in range(G // split, 0, -1):
         if (G // split) % chunk == 0 and bands * chunk * band <= budget and bands * chunk * rows < 2**31:
@@ -356,10 +361,12 @@ def _auto_five(s, aligned: bool, k: Knobs) -> tuple:
     return None, "no split keeps the GPU busy within the dS budget"
 
 
-def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
+def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optional[tuple] = None) -> tuple:
     """(FiveProduct or None for seven products, why) of a backward of Shape s; `aligned`: q, k, v and dO start
     16-byte aligned, which the Hopper kernel's TMA needs; `exact_o`: the forward made o_lo, which a gated call
-    needs. Forced (FLA_BWD_DQ_PATH=from-ds) where it cannot run: ValueError, never a silent fallback."""
+    needs; `lengths`: a packed call's sequence lengths. Forced (FLA_BWD_DQ_PATH=from-ds) where it cannot run:
+    ValueError, never a silent fallback. Packed calls run only forced (not measured on a GPU yet): ungated, without
+    a sink, head dims up to 128, on the Triton kernel."""
     if k.dq_path == "recompute":
         return None, "forced (FLA_BWD_DQ_PATH=recompute)"
     G, D = s.HQ // s.H, max(s.K, s.V)
@@ -370,7 +377,8 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
     if k.dq_path == "auto":
         if not dense:
             return None, ("packed tail queries (q shorter than k): five products run dense calls of every query only"
-                          if s.QP else "packed sequences: five products run dense calls only")
+                          if s.QP else "packed sequences: five products run them only where forced (FLA_BWD_DQ_PATH="
+                          "from-ds: ungated, no sink, the Triton kernel; not yet measured)")
         if not runnable:
             return None, "fp32 or tail queries: five products do not run them"
         if capped_gate:
@@ -392,19 +400,29 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs) -> tuple:
             raise ValueError(f"dq path 'from-ds' runs the KV-head-owned dK/dV kernel ('gqa', 'gqa-split2' or "
                              f"'gqa-split4'); dK/dV path {k.dkv_path!r} is forced too")
         split = kernel.split
-    if not runnable:
-        raise ValueError("dq path 'from-ds' (the five-product backward) needs a dense call (no cu_seqlens) with "
-                         "16-bit q, k, v")
+    if not eligible(s):
+        raise ValueError("dq path 'from-ds' (the five-product backward) needs 16-bit q, k, v and every query (q as "
+                         "long as k)")
+    if not dense:
+        why = ("tail queries (q shorter than k)" if s.QP else
+               "a gate" if s.g_dtype is not None else "a sink" if s.sink_dtype is not None else
+               f"head dim {D} (above {config.DK_FROM_DS_ABOVE_D})" if D > config.DK_FROM_DS_ABOVE_D else
+               "the Hopper kernel (FLA_BWD_DS_KERNEL=hopper), which runs dense calls" if k.ds_kernel == "hopper"
+               else None)
+        if why is not None:
+            raise ValueError(f"dq path 'from-ds' (the five-product backward) runs packed sequences (cu_seqlens) "
+                             f"without a gate or a sink, at head dims up to {config.DK_FROM_DS_ABOVE_D}, on the "
+                             f"Triton kernel; this call has {why}")
     if capped_gate:
         raise ValueError("dq path 'from-ds' (the five-product backward) does not run softcap with a gate g: the "
                          "gate's gradient needs dS of the capped scores, and the stored tiles hold dS of q.k")
     if s.WR is not None:
         raise ValueError("dq path 'from-ds' (the five-product backward) runs causal attention only (it stores the "
                          "causal band of dS tiles): pass causal=True, or use FLA_BWD_DQ_PATH=recompute")
-    hopper = _hopper(s, aligned, k)
+    hopper = dense and _hopper(s, aligned, k)
     if hopper and k.dkv_path == "auto":
         split = hopper_split(s.B, s.T, s.H, G, config.sm_count(s.device))
-    chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, k.ds_budget, split, s.g_dtype is not None)
+    chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, k.ds_budget, split, s.g_dtype is not None, None if dense else lengths)
     if chunk is None:
         raise ValueError(f"dq path 'from-ds': one query head of every KV head's share needs more dS scratch than "
                          f"FLA_BWD_DS_BUDGET_MIB = {k.ds_budget / 2**20:g} MiB allows")
@@ -491,7 +509,7 @@ def route(call, k: Knobs, aligned: bool, exact_o: bool) -> Route:
     """The route of a backward of `call` (`call.Call`) under settings `k`; `aligned`: q, k, v and dO start 16-byte
     aligned; `exact_o`: the forward stored o_lo. ValueError for a forced path that cannot run this call."""
     s = call.shape
-    five, why = _five(s, call.tiles is None, aligned, exact_o, k)
+    five, why = _five(s, call.tiles is None, aligned, exact_o, k, None if call.tiles is None else call.tiles.lengths)
     reasons = [("products", f"{'seven' if five is None else 'five'}: {why}")]
     if call.packed_as_dense:
         reasons.insert(0, ("packed", f"{s.B} sequences of {s.T} tokens: run as the dense batch they are laid out as"))

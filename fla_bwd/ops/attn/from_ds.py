@@ -22,7 +22,9 @@ fixed order (deterministic, no atomics). The launches, in order (`host.add_five_
 Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk) a band of NTILE tiles; tile
 (query block qi of BQ rows, key tile kj of BT keys) for every key tile that qi sees, in query-block order and then
 key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/dV kernel holds it). With a window
-only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT.
+only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT. Packed sequences (ungated,
+forced: `dispatch._five`): each sequence's bands hold the tiles of its own length, one after another by sequence
+(`host.band_offsets`).
 
 With a gate, delta comes from o plus the forward's rounding residual o_lo (`dispatch.needs_o_lo`); dQ from dS also
 sums both sides of the gate's gradient from the stored 16-bit tiles (the query side per row, the key side as
@@ -222,12 +224,14 @@ def _key_ranges(t0, W, BT: tl.constexpr, BQ: tl.constexpr):
     return lo, tl.maximum(lo, tl.minimum(tl.cdiv(tl.maximum(t0 + BQ - W, 0), BT), hi)), hi
 
 
-@triton.heuristics({"USE_G": lambda args: args["dgc_q"] is not None})
+@triton.heuristics({"USE_G": lambda args: args["dgc_q"] is not None,
+                    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
 @triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dq_from_ds(
-    k, ds, dq, dgc_q, dgk_part, scale, T, W, NTILE, G0,
+    k, ds, dq, dgc_q, dgk_part, cu_seqlens, chunk_indices, ds_offsets, scale, T, W, NTILE, G0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
     BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_BANDS: tl.constexpr, USE_G: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     """dq of two consecutive query blocks a and b (BQ rows each) of one query head of the chunk [G0, G0 + CHUNK) of
     each of the SPLIT shares of every group (share p: heads p * G / SPLIT ...), from their stored dS tiles
@@ -236,17 +240,30 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     runs over its tiles in a fixed order: the window edge and the diagonals (tiles either block sees in part) in key
     order, then the tiles both see whole from the highest key down. USE_G: also the query side of the gate's gradient
     into dgc_q `[HQ, B * T]` (fp32, `_row_sums`), and per key tile this program's sums of the key side into
-    dgk_part `[programs a band, NUM_BANDS, T]` (fp32, `_key_sums`; `key_side_kernel` adds them up)."""
+    dgk_part `[programs a band, NUM_BANDS, T]` (fp32, `_key_sums`; `key_side_kernel` adds them up).
+    Packed (IS_VARLEN, ungated): NUM_BANDS bands a sequence (its KV heads, shares and chunk heads), sequence i_n's
+    from tile ds_offsets[i_n] * NUM_BANDS on (`host.band_offsets`); the programs take chunk_indices's
+    (sequence, pair of query blocks) entries, the last first."""
+    tl.static_assert(not (IS_VARLEN and USE_G), "packed five products run ungated calls")
     i_band = tl.program_id(0) % NUM_BANDS
     i_p = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
     i_b, i_h, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
-    bos = i_b.to(tl.int64) * T
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_p * 2).to(tl.int64)
+        i_p = tl.load(chunk_indices + i_p * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        tile0 = tl.load(ds_offsets + i_n)
+        NTILE = (tl.load(ds_offsets + i_n + 1) - tile0).to(tl.int32)
+        ds_base = ds + (tile0 * NUM_BANDS + i_band * NTILE) * (BT * BQ)
+    else:
+        bos = i_b.to(tl.int64) * T
+        ds_base = ds + i_band.to(tl.int64) * NTILE * (BT * BQ)
     qa = 2 * i_p
     ta = qa * BQ
     lo_a, mid_a, hi_a = _key_ranges(ta, W, BT=BT, BQ=BQ)
     lo_b, mid_b, hi_b = _key_ranges(ta + BQ, W, BT=BT, BQ=BQ)
     b_exists = ta + BQ < T
-    ds_base = ds + i_band.to(tl.int64) * NTILE * (BT * BQ)
     k_base = k + (bos * H + i_h) * K
     p_ks = dgk_part
     if USE_G:

@@ -82,6 +82,8 @@ def _run(plan: Plan, env: dict, tiles: Optional[VarlenTiles]) -> dict:
             env[f"chunks{BT}"] = tiles.chunk_indices(BT)
         for BT in plan.query_tile_sizes:  # packed tail queries (`index.TailTiles`): the query kernels' tiles
             env[f"qchunks{BT}"] = tiles.queries.chunk_indices(BT)
+        if plan.ds_bands is not None:  # packed five products: where each sequence's dS bands start
+            env["ds_offsets"] = band_offsets(tiles, *plan.ds_bands)[1]
     with _on_device(plan.device):
         return plan.run(env)
 
@@ -92,6 +94,22 @@ def _on_device(device: torch.device):
     if device.type == "cuda" and device.index != torch.cuda.current_device():
         return torch.cuda.device(device)
     return contextlib.nullcontext()
+
+
+def band_offsets(tiles: VarlenTiles, W: int, BQ: int, BT: int, on_device: bool = True) -> tuple:
+    """`tiles.band_offsets` of the five-product backward's dS bands (`from_ds.ds_layout`) at window W and tiles BQ x
+    BT: (the tiles of one band of every sequence, their offsets by sequence on the device, or None)."""
+    return tiles.band_offsets(("ds", W, BQ, BT), lambda n: ds_layout(n, W, BQ, BT), on_device)
+
+
+def _bands_key(call: Call) -> Optional[int]:
+    """What a packed backward's plan depends on beyond the call's key (tile counts): the tiles of its dS bands,
+    which a five-product route allocates (`add_five_product`); None for a dense call."""
+    if call.tiles is None:
+        return None
+    s = call.shape
+    cfg = tile_config("dkv_ds", max(s.K, s.V), s.dtype)
+    return band_offsets(call.tiles, s.W, cfg["BS"], cfg["BT"], on_device=False)[0]
 
 
 def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
@@ -115,6 +133,7 @@ def new_plan(s, inline: bool) -> Plan:
     plan.tile_sizes = set()  # the BTs whose packed tile lists `host._run` binds ("chunks{BT}")
     plan.query_tile_sizes = set()  # and of the query tiles of packed tail queries ("qchunks{BT}")
     plan.flags = 0  # programs of the largest two-launch pair (`add_contained`)
+    plan.ds_bands = None  # packed five products: (W, BQ, BT) of their dS bands, whose offsets `_run` binds
     plan.inline = inline
     return plan
 
@@ -270,22 +289,24 @@ def add_dkv(plan: Plan, s, tiles, gc: Optional[Ref], kernel, dkv_tiles: str, par
 # The five-product backward
 # ----------------------------------------------------------------------------------------------------------------
 
-def _add_dkv_ds(plan: Plan, s, out: Optional[tuple], split: int, hopper: bool, **five) -> None:
-    """One chunk's dK/dV + dS launch: `parallel_attn_bwd_kernel_dkv_ds_per_kv_head`, `split` programs a key tile;
-    `out` its fp32 buffers `[B, T, H * split, *]`, or None for the last launch of an unsplit call ("dk", "dv" in the
-    inputs' dtype). `hopper`: the Gluon kernel (`gluon_dkv`) computes the chunk as the FLAG launch of two-launch
-    containment, and the Triton kernel's FIXUP launch recomputes the tiles it flagged."""
+def _add_dkv_ds(plan: Plan, s, tiles: Optional[VarlenTiles], out: Optional[tuple], split: int, hopper: bool,
+                **five) -> None:
+    """One chunk's dK/dV + dS launch: `parallel_attn_bwd_kernel_dkv_ds_per_kv_head`, `split` programs a key tile
+    (packed: of `tiles`' list); `out` its fp32 buffers `[B, T, H * split, *]`, or None for the last launch of an
+    unsplit call ("dk", "dv" in the inputs' dtype). `hopper`: the Gluon kernel (`gluon_dkv`; dense) computes the
+    chunk as the FLAG launch of two-launch containment, and the Triton kernel's FIXUP launch recomputes the tiles it
+    flagged."""
     if five["DK_FROM_DS"]:  # dV alone: dK is `_add_dk_from_ds`'s
         dk, dv = None, out[1] if out is not None else plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype)
     else:
         dk, dv = out if out is not None else (plan.empty("dk", (s.B, s.T, s.H, s.K), s.dtype),
                                               plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype))
-    _, NT, args = _common(plan, s, None, "dkv_ds")
+    _, NT, args = _common(plan, s, tiles, "dkv_ds")
     if NT == 0:
         return
     programs = NT * s.B * s.H * split
     gated = s.g_dtype is not None
-    for unused in ("cu_seqlens", "cu_seqlens_q", "chunk_indices", "Q0"):  # dense, every query: the kernel takes none
+    for unused in ("cu_seqlens_q", "Q0"):  # every query: the kernel takes neither
         del args[unused]
     sink = Ref("sink_bias") if five["sink_part"] is not None else None
     args = dict(args, do=Ref("do"), dk=dk, dv=dv, lse=Ref("lse"), delta=Ref("delta"),
@@ -337,16 +358,18 @@ def add_sink_grad(plan: Plan, s, delta, sink_part, NP: int, dlse: Optional[Ref])
                 BN=min(1024, next_power_of_2(NTOK)), BP=min(1024, next_power_of_2(NP)))
 
 
-def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None) -> None:
+def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None, tiles: Optional[VarlenTiles] = None) -> None:
     """The five-product backward of `route` (`dispatch.Route` with `five`): delta, then per chunk of query heads its
     dK/dV + dS launches (`route.heads_per_launch` heads of each share a launch) and its dQ-from-dS launch; with a
     split, the shares' fp32 dK/dV partials summed last (`add_group_sum`). Buffers: "dq", "delta", "ds" (the chunk's
     tiles, reused by every chunk), and two fp32 dK/dV sum buffers when there are several launches (ping-pong: a
-    FIXUP launch re-reads the sums its FLAG launch started from). `dlse` as in `add_dq`: delta subtracts it."""
+    FIXUP launch re-reads the sums its FLAG launch started from). `dlse` as in `add_dq`: delta subtracts it. Packed
+    (`tiles`): each sequence's bands hold its own length's tiles (`band_offsets`)."""
     G = s.HQ // s.H
     split, chunk, hopper, dk_from_ds = route.five
     cfg = tile_config("dkv_ds", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
+    packed = tiles is not None  # ungated, dK/dV kernel and dV together: `dispatch._five`
     NTOK = s.B * s.T
     dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
     delta = plan.empty("delta", (s.HQ, NTOK), torch.float32)
@@ -358,12 +381,20 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None) -> None:
         plan.launch(delta_kernel, (cdiv(R, BR),), o=Ref("o"), o_lo=Ref("o_lo") if route.delta == "o+o_lo" else None,
                     do=Ref("do"), dlse=dlse, delta=delta, R=R, NTOK=NTOK, HQ=s.HQ, V=s.V, BR=BR, BV=BV)
     # With a sink: each head's fp32 sums of p_sink * dS, a (batch, key tile) each (`_dkv_heads`).
-    sink_tiles = s.B * cdiv(s.T, BT)
+    sink_tiles = tiles.num_tiles(BT) if packed else s.B * cdiv(s.T, BT)
     sink_part = plan.empty("sink_part", (s.HQ, sink_tiles), torch.float32) if s.sink_dtype is not None else None
-    ntile = ds_layout(s.T, s.W, BQ, BT)
     NP = s.H * split  # programs a key tile
-    bands = s.B * NP * chunk
-    ds = plan.empty("ds", (bands * ntile * BT * BQ,), s.dtype)
+    bands = s.B * NP * chunk  # packed (B = 1): the bands of each sequence
+    if packed:  # each sequence's bands, of its own length's tiles (`band_offsets`: their offsets, bound by `_run`)
+        ntile = 0
+        plan.ds_bands = (s.W, BQ, BT)
+        tiles_total = bands * band_offsets(tiles, *plan.ds_bands)[0]
+    else:
+        ntile = ds_layout(s.T, s.W, BQ, BT)
+        tiles_total = bands * ntile
+    ds = plan.empty("ds", (tiles_total * BT * BQ,), s.dtype)
+    varlen = dict(cu_seqlens=Ref("cu_seqlens"), ds_offsets=Ref("ds_offsets")) if packed else dict(
+        cu_seqlens=None, ds_offsets=None)
     # The gate's gradient: dQ from dS stores its query side, and partial sums of its key side, which
     # `key_side_kernel` adds up, then the reverse scan; or `gate_grad_of_band_kernel` both at once (all from the
     # stored tiles; the dK/dV kernels compute no gate gradient here).
@@ -396,16 +427,21 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None) -> None:
     for n in range(launches):
         last = n == launches - 1
         dk_in, dv_in = sums[(n - 1) % 2] if n > 0 else (None, None)
-        _add_dkv_ds(plan, s, last_out if last else sums[n % 2], split, hopper, ds=ds, NTILE=ntile, G0=n * heads,
-                    CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, sink_part=sink_part, ACC_OUT=not last,
-                    DK_FROM_DS=dk_from_ds)
+        _add_dkv_ds(plan, s, tiles, last_out if last else sums[n % 2], split, hopper, ds=ds, NTILE=ntile,
+                    G0=n * heads, CHUNK=chunk, HEADS=heads, dk_in=dk_in, dv_in=dv_in, sink_part=sink_part,
+                    ACC_OUT=not last, DK_FROM_DS=dk_from_ds, TILES=tiles_total if packed else None,
+                    ds_offsets=varlen["ds_offsets"])
         done = (n + 1) * heads  # query heads of each share whose dS tiles are stored
         if done % chunk == 0 and s.T:  # a whole chunk: its dq rows (and the key side of its dgc)
             heads_of = dict(T=s.T, W=s.W, G0=done - chunk, H=s.H, G=G, SPLIT=split, CHUNK=chunk, BT=BT, BQ=BQ,
                             NUM_BANDS=bands)
-            plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (cdiv(s.T, 2 * BQ) * bands,), k=Ref("k"), ds=ds,
-                        dq=dq, dgc_q=dgc_q, dgk_part=dgk_part, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
-                        BK=max(16, next_power_of_2(s.K)), **heads_of, **dq_launch)
+            pairs, chunks = cdiv(s.T, 2 * BQ), None  # programs a band: pairs of query blocks (packed: listed)
+            if packed:
+                pairs, chunks = tiles.num_tiles(2 * BQ), Ref(f"chunks{2 * BQ}")
+                plan.tile_sizes.add(2 * BQ)
+            plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (pairs * bands,), k=Ref("k"), ds=ds, dq=dq, dgc_q=dgc_q,
+                        dgk_part=dgk_part, chunk_indices=chunks, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
+                        BK=max(16, next_power_of_2(s.K)), **varlen, **heads_of, **dq_launch)
             if dk_from_ds:
                 _add_dk_from_ds(plan, s, dk_out if last else dk_sum, dk_sum if done > chunk else None, not last,
                                 dict(heads_of, ds=ds, NTILE=ntile))
@@ -487,7 +523,7 @@ def _build_backward(s: Shape, tiles: Optional[VarlenTiles], route: dispatch.Rout
     plan.route = route  # the dispatch's decision, which the plan's key does not hold
     dlse = Ref("dlse") if with_dlse else None
     if route.five is not None:
-        add_five_product(plan, s, route, dlse)
+        add_five_product(plan, s, route, dlse, tiles)
         return finish(plan)
     gc = Ref("gc") if s.g_dtype is not None else None
     # The gradient w.r.t. the gate's cumsum: the dQ kernel stores its query side, the dK/dV kernel minus its key
@@ -516,8 +552,8 @@ def _backward_plan(call: Call, do_aligned: bool, exact_o: bool, with_dlse: bool 
     gradient of the user's lse or not), keyed on the settings now (`dispatch.knobs`). `plan.route` is the route it
     was built from."""
     k = dispatch.knobs()
-    return _plan(("bwd", call.key, do_aligned, exact_o, with_dlse, k), _build_routed_backward, call, k,
-                 call.qkv_aligned and do_aligned, exact_o, with_dlse)
+    key = ("bwd", call.key, _bands_key(call), do_aligned, exact_o, with_dlse, k)
+    return _plan(key, _build_routed_backward, call, k, call.qkv_aligned and do_aligned, exact_o, with_dlse)
 
 
 def backward(do, q, k, v, o, lse, g_cumsum, g, sink_bias, cu_seqlens, scale: float, window_size: int,

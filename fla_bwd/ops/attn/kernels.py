@@ -340,7 +340,7 @@ def _store_dkv_tile(dk, dv, b_dk, b_dv, bos, i_head, o_s, m_s, NH: tl.constexpr,
 @triton.jit
 def _dkv_heads(
     q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head, ds_slot0,
-    i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in, WR,
+    ds_base, i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in, WR,
     HQ: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, DOT_PREC: tl.constexpr,
     SAFE: tl.constexpr, IS_VARLEN: tl.constexpr, TAIL_Q: tl.constexpr, STORE_DS: tl.constexpr, ACC_IN: tl.constexpr,
@@ -349,11 +349,12 @@ def _dkv_heads(
     """dK, dV (fp32, unscaled) of the key tile from query heads [i_hq0, i_hq0 + NUM_HEADS): per head, its bases,
     then `dkv_one_head`. TAIL_Q: q and dO hold only the query positions [Q0, T) of sequence i_n (`_tail_start`;
     packed: Q0 from cu_seqlens_q). STORE_DS: head
-    i_hq0 + i stores its dS tiles into band ds_slot0 + i of the descriptor `ds` (NTILE tiles a band, `from_ds.py`).
+    i_hq0 + i stores its dS tiles into band ds_slot0 + i of the descriptor `ds` (NTILE tiles a band from tile ds_base,
+    `from_ds.py`).
     ACC_IN: start from the fp32 sums in dk_in, dv_in (the heads of earlier launches) instead of zeros. SINK_SUM:
     head i_hq's share of the sink's gradient from this key tile into sink_part `[HQ, NTOK // T * cdiv(T, BT)]` at
-    (batch, key tile) (`inner.dkv_one_head`). DK_FROM_DS: no dK (see `inner.dkv_block`); the first block returned is
-    [BT, BS], NaN where a stored dS tile is not finite."""
+    (batch, key tile), packed `[HQ, key tiles]` at the program's tile (`inner.dkv_one_head`). DK_FROM_DS: no dK
+    (see `inner.dkv_block`); the first block returned is [BT, BS], NaN where a stored dS tile is not finite."""
     qbos = bos
     if TAIL_Q:
         Q0, qbos = _tail_start(i_n, bos, T, Q0, cu_seqlens_q, IS_VARLEN=IS_VARLEN)
@@ -380,12 +381,15 @@ def _dkv_heads(
             b_gk = tl.load(g_base + o_s, mask=o_s < T, other=0)
         ds_tile0 = 0
         if STORE_DS:
-            ds_tile0 = tl.cast(ds_slot0 + i_g, tl.int64) * NTILE
+            ds_tile0 = ds_base + tl.cast(ds_slot0 + i_g, tl.int64) * NTILE
         sink2 = 0.0
         if SINK_SUM:
             sink2 = tl.load(sink_bias + i_hq).to(tl.float32) * LOG2E
-            NT = tl.cdiv(T, BT)
-            dgk_base = sink_part + i_hq.to(tl.int64) * (NTOK // T * NT) + bos // T * NT + s0 // BT
+            if IS_VARLEN:  # at (head, key tile of the packed tile list): this program's tile
+                dgk_base = sink_part + i_hq.to(tl.int64) * (tl.num_programs(0) // NH) + tl.program_id(0) // NH
+            else:
+                NT = tl.cdiv(T, BT)
+                dgk_base = sink_part + i_hq.to(tl.int64) * (NTOK // T * NT) + bos // T * NT + s0 // BT
         b_dk, b_dv = dkv_one_head(
             b_k, b_v, b_dk, b_dv, b_gk, q + (qbos * HQ + i_hq) * K, do + (qbos * HQ + i_hq) * V, lse + row_base,
             delta + row_base, g_base, dgk_base, ds, ds_tile0, s0, T, W, Q0, qk_scale, cap_in, WR, HQ * K, HQ * V, sink2,
@@ -411,7 +415,7 @@ def _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ: tl.constexpr, BP: tl.cons
 def _dkv_tile(
     q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale,
     softcap, i_h,
-    i_hq0, i_head, ds_slot0, i_n, bos, s0, o_s, m_s, T, W, WR, NTOK, NTILE, Q0, cu_seqlens_q,
+    i_hq0, i_head, ds_slot0, ds_base, i_n, bos, s0, o_s, m_s, T, W, WR, NTOK, NTILE, Q0, cu_seqlens_q,
     HQ: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, NUM_HEADS: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, IS_VARLEN: tl.constexpr, TAIL_Q: tl.constexpr,
@@ -427,7 +431,7 @@ def _dkv_tile(
     qk_scale, cap_in = score_scales(scale, softcap, SOFTCAP=SOFTCAP)
     b_dk, b_dv = _dkv_heads(
         q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0, i_head,
-        ds_slot0, i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in, WR,
+        ds_slot0, ds_base, i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in, WR,
         HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
         SAFE=CONTAIN == FIXUP, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS, ACC_IN=ACC_IN, SINK_SUM=SINK_SUM,
         DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
@@ -437,8 +441,8 @@ def _dkv_tile(
             if bad:
                 b_dk, b_dv = _dkv_heads(
                     q, do, lse, delta, g_cumsum, dgc_k, ds, dk_in, dv_in, sink_bias, sink_part, b_k, b_v, i_hq0,
-                    i_head, ds_slot0, i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale, cap_in,
-                    WR, HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
+                    i_head, ds_slot0, ds_base, i_n, bos, s0, o_s, m_s, T, W, NTOK, NTILE, Q0, cu_seqlens_q, qk_scale,
+                    cap_in, WR, HQ=HQ, NH=NH, NUM_HEADS=NUM_HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G,
                     DOT_PREC=DOT_PREC, SAFE=True, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q, STORE_DS=STORE_DS,
                     ACC_IN=ACC_IN, SINK_SUM=SINK_SUM, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
         else:
@@ -457,6 +461,7 @@ _DKV_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "IS_VARLEN": _HEURISTICS["IS_V
                    "USE_SINK": lambda args: args["dsink"] is not None}
 # The dS-storing kernel: how it stores dS follows from CONTAIN (`ds_store_mode`), ACC_IN from its input sums.
 _DKV_DS_HEURISTICS = {"USE_G": _HEURISTICS["USE_G"], "SOFTCAP": _HEURISTICS["SOFTCAP"], "CAUSAL": _HEURISTICS["CAUSAL"],
+                      "IS_VARLEN": _HEURISTICS["IS_VARLEN"],
                       "USE_SINK": lambda args: args["sink_bias"] is not None,
                       "STORE_DS": lambda args: ds_store_mode(args["ds"], args["CONTAIN"]),
                       "ACC_IN": lambda args: args["dv_in"] is not None}
@@ -489,10 +494,11 @@ def parallel_attn_bwd_kernel_dkv_per_query_head(
     i_hq, i_n, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=HQ, BT=BT, IS_VARLEN=IS_VARLEN)
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale, softcap,
-        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, i_n=i_n, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T, W=W,
-        WR=WR, NTOK=NTOK, NTILE=0, Q0=Q0, cu_seqlens_q=cu_seqlens_q, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K, V=V, BT=BT,
-        BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q,
-        STORE_DS=False, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
+        i_h=i_hq // G, i_hq0=i_hq, i_head=i_hq, ds_slot0=0, ds_base=0, i_n=i_n, bos=bos, s0=s0, o_s=o_s, m_s=m_s,
+        T=T, W=W, WR=WR, NTOK=NTOK, NTILE=0, Q0=Q0, cu_seqlens_q=cu_seqlens_q, HQ=HQ, H=H, NH=HQ, NUM_HEADS=1, K=K,
+        V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN, IS_VARLEN=IS_VARLEN,
+        TAIL_Q=TAIL_Q, STORE_DS=False, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP,
+        CAUSAL=CAUSAL)
     if USE_SINK and CONTAIN != FIXUP:
         if tl.program_id(0) == 0:
             _sum_dsink(dsink_partial, dsink, NUM_PARTIALS, HQ=HQ, BP=128)
@@ -526,8 +532,8 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
     i_hq0 = i_part * (G // SPLIT)
     _dkv_tile(
         q, k, v, do, dk, dv, dgc_k, lse, delta, nonfinite, g_cumsum, None, None, None, None, None, scale, softcap,
-        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=0, i_n=i_n, bos=bos, s0=s0, o_s=o_s, m_s=m_s, T=T,
-        W=W, WR=WR, NTOK=NTOK, NTILE=None, Q0=Q0, cu_seqlens_q=cu_seqlens_q, HQ=HQ, H=H, NH=H * SPLIT,
+        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=0, ds_base=0, i_n=i_n, bos=bos, s0=s0, o_s=o_s,
+        m_s=m_s, T=T, W=W, WR=WR, NTOK=NTOK, NTILE=None, Q0=Q0, cu_seqlens_q=cu_seqlens_q, HQ=HQ, H=H, NH=H * SPLIT,
         NUM_HEADS=G // SPLIT, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN,
         IS_VARLEN=IS_VARLEN, TAIL_Q=TAIL_Q,
         STORE_DS=0, ACC_IN=False, ACC_OUT=False, SINK_SUM=False, DK_FROM_DS=False, SOFTCAP=SOFTCAP, CAUSAL=CAUSAL)
@@ -537,19 +543,17 @@ def parallel_attn_bwd_kernel_dkv_per_kv_head(
 
 
 @triton.heuristics(_DKV_DS_HEURISTICS)
-@triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B", "NTILE", "G0"])
+@triton.jit(do_not_specialize=["T", "W", "WR", "NTOK", "B", "NTILE", "G0", "TILES"])
 def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
-    q, k, v, do, dk, dv, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale, softcap, T, W,
-    WR,
-    NTOK,
-    B, NTILE, G0,
+    q, k, v, do, dk, dv, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, cu_seqlens,
+    chunk_indices, ds_offsets, scale, softcap, T, W, WR, NTOK, B, NTILE, G0, TILES,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, USE_SINK: tl.constexpr, DOT_PREC: tl.constexpr, CONTAIN: tl.constexpr, SPLIT: tl.constexpr,
     STORE_DS: tl.constexpr, ACC_IN: tl.constexpr, ACC_OUT: tl.constexpr, CHUNK: tl.constexpr, HEADS: tl.constexpr,
-    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
+    DK_FROM_DS: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """The five-product backward's dK/dV (`from_ds.py`; dense, every query): the KV-head-owned kernel's
+    """The five-product backward's dK/dV (`from_ds.py`; every query, dense or packed): the KV-head-owned kernel's
     loops over HEADS query heads of each program's share of a group, heads [G0, G0 + HEADS) of the share, of a
     chunk of CHUNK heads a share whose dS tiles share one buffer. Each program also stores its dS tiles (STORE_DS:
     through a tensor descriptor, whose scratch Triton allocates at launch, or, in FIXUP launches, by plain stores),
@@ -557,27 +561,40 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
     (ACC_OUT). The gate's gradient comes from the stored tiles (`from_ds.py`), not from here; with a sink, each head's
     fp32 sums of p_sink_i * dS_ij over the tile go to sink_part (`from_ds.sink_grad_kernel` makes dsink from them).
     DK_FROM_DS: dV alone, dK from the stored tiles afterwards (`from_ds.parallel_attn_bwd_kernel_dk_from_ds`): head dims
-    above 128, where dK's and dV's [BT, D] fp32 sums together spill."""
+    above 128, where dK's and dV's [BT, D] fp32 sums together spill. Packed (IS_VARLEN: cu_seqlens, chunk_indices,
+    no gate): sequence i_n's bands, of `from_ds.ds_layout` of its length each (not NTILE), start at tile
+    ds_offsets[i_n] * (H * SPLIT * CHUNK) (`host.band_offsets`), of the chunk's TILES tiles."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    i_part, i_n, bos, T, s0, o_s, m_s = key_tile(B, T, None, None, NH=H * SPLIT, BT=BT, IS_VARLEN=False)
+    tl.static_assert(not (IS_VARLEN and USE_G), "packed five products run ungated calls")
+    i_part, i_n, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT, BT=BT,
+                                                 IS_VARLEN=IS_VARLEN)
     i_hq0 = i_part * (G // SPLIT)
     i_hq0 += G0
-    # The band of this launch's first head: (batch, KV head and share, head in chunk).
-    ds_slot0 = (bos // T * (H * SPLIT) + i_part) * CHUNK + G0 % CHUNK
+    if IS_VARLEN:  # the band of this launch's first head among its sequence's (KV head and share, head in chunk)
+        ds_base = tl.load(ds_offsets + i_n)
+        NTILE = (tl.load(ds_offsets + i_n + 1) - ds_base).to(tl.int32)
+        ds_base *= H * SPLIT * CHUNK
+        ds_slot0 = i_part * CHUNK + G0 % CHUNK
+    else:  # (batch, KV head and share, head in chunk)
+        ds_base = 0
+        ds_slot0 = (bos // T * (H * SPLIT) + i_part) * CHUNK + G0 % CHUNK
     if STORE_DS == DS_BY_DESCRIPTOR:
-        # One [B * H * SPLIT * CHUNK * NTILE * BT, BS] view of the chunk's tiles (< 2**31 rows: `dispatch.ds_chunk`).
-        ds = tl.make_tensor_descriptor(ds, shape=[B * (H * SPLIT * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
-                                       block_shape=[BT, BS])
+        # One [tiles * BT, BS] view of the chunk's tiles (< 2**31 rows: `dispatch.ds_chunk`).
+        if IS_VARLEN:
+            ds = tl.make_tensor_descriptor(ds, shape=[TILES * BT, BS], strides=[BS, 1], block_shape=[BT, BS])
+        else:
+            ds = tl.make_tensor_descriptor(ds, shape=[B * (H * SPLIT * CHUNK) * NTILE * BT, BS], strides=[BS, 1],
+                                           block_shape=[BT, BS])
     _dkv_tile(
         q, k, v, do, dk, dv, None, lse, delta, nonfinite, g_cumsum, ds, dk_in, dv_in, sink_bias, sink_part, scale,
         softcap,
-        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, i_n=i_n, bos=bos, s0=s0, o_s=o_s,
-        m_s=m_s, T=T, W=W, WR=WR, NTOK=NTOK, NTILE=NTILE, Q0=None, cu_seqlens_q=None, HQ=HQ, H=H, NH=H * SPLIT,
-        NUM_HEADS=HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC, CONTAIN=CONTAIN,
-        IS_VARLEN=False, TAIL_Q=False,
+        i_h=i_part // SPLIT, i_hq0=i_hq0, i_head=i_part, ds_slot0=ds_slot0, ds_base=ds_base, i_n=i_n, bos=bos,
+        s0=s0, o_s=o_s, m_s=m_s, T=T, W=W, WR=WR, NTOK=NTOK, NTILE=NTILE, Q0=None, cu_seqlens_q=None, HQ=HQ, H=H,
+        NH=H * SPLIT, NUM_HEADS=HEADS, K=K, V=V, BT=BT, BS=BS, BK=BK, BV=BV, USE_G=USE_G, DOT_PREC=DOT_PREC,
+        CONTAIN=CONTAIN, IS_VARLEN=IS_VARLEN, TAIL_Q=False,
         STORE_DS=STORE_DS, ACC_IN=ACC_IN, ACC_OUT=ACC_OUT, SINK_SUM=USE_SINK, DK_FROM_DS=DK_FROM_DS, SOFTCAP=SOFTCAP,
         CAUSAL=CAUSAL)

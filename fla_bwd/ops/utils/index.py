@@ -15,7 +15,7 @@ tiling, as a graph keeps every host-side decision; without such a call it raises
 
 import collections
 import functools
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -33,6 +33,7 @@ class VarlenTiles:
         self.one_length = self.lengths[0] if self.lengths and len(set(self.lengths)) == 1 else 0
         self.device = device
         self._chunks: Dict[int, torch.Tensor] = {}
+        self._bands: Dict[tuple, list] = {}
         # What a launch plan depends on (`host.call_of`): the sequence count and the tile count at every tile size
         # the configs use; not the offsets themselves, so a new batch of the same tile counts reuses its plan.
         self.key = (len(self.lengths),) + tuple(self.num_tiles(BT) for BT in (16, 32, 64, 128))
@@ -47,6 +48,21 @@ class VarlenTiles:
             rows = [(i_n, i_t) for i_n, n in enumerate(self.lengths) for i_t in range(cdiv(n, BT))]
             self._chunks[BT] = torch.tensor(rows, dtype=torch.int32).reshape(-1, 2).to(self.device)
         return self._chunks[BT]
+
+
+    def band_offsets(self, key: tuple, tiles_of: Callable[[int], int], on_device: bool = True):
+        """(total, `[N + 1]` int64 on the device, or None unless `on_device`): the prefix sums over the sequences of
+        `tiles_of(length)`, the tiles a sequence's band holds (the five-product backward's dS bands,
+        `from_ds.ds_layout`); cached by `key`, which must name everything `tiles_of` depends on."""
+        entry = self._bands.get(key)
+        if entry is None:
+            sums = [0]
+            for n in self.lengths:
+                sums.append(sums[-1] + tiles_of(n))
+            entry = self._bands[key] = [sums, None]
+        if on_device and entry[1] is None:
+            entry[1] = torch.tensor(entry[0], dtype=torch.int64).to(self.device)
+        return entry[0][-1], entry[1]
 
 
 class TailTiles(VarlenTiles):
