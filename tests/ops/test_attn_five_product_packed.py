@@ -5,10 +5,11 @@
 Each sequence's dS tiles in bands of its own length (`index.VarlenTiles.band_offsets`, `host.band_offsets`): the
 dS-storing dK/dV kernel over the packed key tiles, dQ from dS over the packed pairs of query blocks. Held to the
 five-product contract: o and every gradient against the fp32 oracle with poisoned buffers (an unwritten dS tile or
-dq row shows up as NaN), at every split and chunk of heads, empty and one-token sequences, windows, K != V; dK/dV
+dq row shows up as NaN), at every split and chunk of heads, empty and one-token sequences, windows, K != V, sinks
+(o_lo where a sequence is shorter than 16 keys); dK/dV
 bitwise the seven-product backward's (the same kernel body, the same additions); chunks bitwise one launch;
 deterministic; NaN/Inf containment in both modes; a plan per band size (two batches of the same tile counts whose
-bands differ); and what it does not run (a gate, a sink, head dims above 128, the Hopper kernel) raises.
+bands differ); and what it does not run (a gate, head dims above 128, the Hopper kernel, tail queries) raises.
 """
 
 import math
@@ -32,12 +33,15 @@ CPU_CASES = [
     Case(B=1, T=130, HQ=2, H=2, K=32, dtype=bf16, cu_seqlens=(0, 64, 130)),  # MHA, a sequence of whole tiles
     Case(B=1, T=100, HQ=4, H=1, K=64, V=32, dtype=bf16, cu_seqlens=(0, 37, 100)),  # K != V
     Case(B=1, T=90, HQ=2, H=1, K=16, dtype=bf16, cu_seqlens=(0, 20, 90), window=1, scale=0.3),
+    Case(B=1, T=120, HQ=4, H=2, K=64, dtype=bf16, cu_seqlens=(0, 5, 100, 120), sink=1.0),  # a short row: o_lo
+    Case(B=1, T=160, HQ=4, H=1, K=32, dtype=f16, cu_seqlens=(0, 70, 160), sink=float("nan"), window=30),
 ]
 GPU_CASES = [
     Case(B=1, T=3000, HQ=16, H=2, K=128, dtype=bf16, cu_seqlens=(0, 1, 1, 1000, 2200, 3000)),
     Case(B=1, T=2500, HQ=8, H=8, K=128, dtype=f16, cu_seqlens=(0, 777, 2500)),
     Case(B=1, T=2000, HQ=8, H=2, K=64, dtype=bf16, cu_seqlens=(0, 500, 1500, 2000), window=300),
     Case(B=1, T=1200, HQ=4, H=1, K=128, V=64, dtype=bf16, cu_seqlens=(0, 129, 1200)),
+    Case(B=1, T=2100, HQ=16, H=2, K=128, dtype=bf16, cu_seqlens=(0, 9, 1000, 2100), sink=float("nan")),
 ]
 CASES = GPU_CASES if DEVICE == "cuda" else CPU_CASES
 
@@ -127,11 +131,10 @@ def test_nan_inf_stays_in_its_sequence(which, value, containment, monkeypatch):
             assert not torch.isfinite(t[:, 40:110]).all(), name
 
 
-@pytest.mark.parametrize("what,match", [
-    ("gate", "a gate"), ("sink", "a sink"), ("wide", "head dim 160"), ("hopper", "Hopper kernel")])
+@pytest.mark.parametrize("what,match", [("gate", "a gate"), ("wide", "head dim 160"), ("hopper", "Hopper kernel")])
 def test_what_it_does_not_run_raises(what, match):
     case = Case(B=1, T=90, HQ=2, H=1, K=160 if what == "wide" else 32, dtype=bf16, cu_seqlens=(0, 30, 90),
-                gate=what == "gate", sink=1.0 if what == "sink" else None)
+                gate=what == "gate")
     x = make_inputs(case)
     with dq_path("from-ds"), ds_kernel("hopper" if what == "hopper" else "auto"):
         with pytest.raises(ValueError, match=f"runs packed sequences.*{match}"):
@@ -157,3 +160,15 @@ def test_packed_tail_queries_raise():
     with dq_path("from-ds"), pytest.raises(ValueError, match="tail queries"):
         o = parallel_attn(q, k, v, cu_seqlens=cu_q, cu_seqlens_k=cu_k)
         torch.autograd.grad(o.sum(), (q, k, v))
+
+
+@pytest.mark.parametrize("cu,exact", [((0, 5, 100, 120), True), ((0, 0, 40, 120), False)])
+def test_a_short_sequence_with_a_sink_takes_o_lo(cu, exact):
+    """A sink on rows that see fewer than `config.SINK_EXACT_O_BELOW_KEYS` keys needs delta from o + o_lo: in a
+    packed batch, the rows of its shortest non-empty sequence (not the packed length)."""
+    from fla_bwd.ops.attn import select_backward
+
+    x = make_inputs(Case(B=1, T=120, HQ=2, H=1, K=32, dtype=bf16, cu_seqlens=cu, sink=1.0))
+    with dq_path("from-ds"):
+        route = select_backward(x.q, x.k, x.v, None, None, x.cu_seqlens, x.sink_bias)
+    assert route.five is not None and route.delta == ("o+o_lo" if exact else "o"), route.explain()

@@ -225,13 +225,15 @@ def eligible(s) -> bool:
     return s.dtype in (torch.float16, torch.bfloat16) and s.Q0 == 0
 
 
-def needs_exact_o(s) -> bool:
+def needs_exact_o(s, lengths: Optional[tuple] = None) -> bool:
     """Whether a five-product backward of Shape s needs delta from o in fp32 (o + o_lo, `needs_o_lo`): a gate, whose
     gradient is a reverse cumsum that turns delta's rounding into a walk, or a sink on rows that see fewer than
     `config.SINK_EXACT_O_BELOW_KEYS` keys. A sink on longer rows does not: its gradient -sum_i p_sink_i * delta_i
     is made exact from the dK/dV kernels' fp32 dS sums (`from_ds.sink_grad_kernel`), and o_lo would cost the
-    forward a second P V product (g8-T8192-sink forward 1174 -> 1481 us, H200)."""
-    short = min(s.T, s.W) < config.SINK_EXACT_O_BELOW_KEYS
+    forward a second P V product (g8-T8192-sink forward 1174 -> 1481 us, H200). `lengths`: a packed call's sequence
+    lengths, whose shortest bounds its rows' keys."""
+    keys = s.T if lengths is None else min((n for n in lengths if n), default=s.T)
+    short = min(keys, s.W) < config.SINK_EXACT_O_BELOW_KEYS
     return s.g_dtype is not None or (s.sink_dtype is not None and short)
 
 
@@ -365,20 +367,20 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optio
     """(FiveProduct or None for seven products, why) of a backward of Shape s; `aligned`: q, k, v and dO start
     16-byte aligned, which the Hopper kernel's TMA needs; `exact_o`: the forward made o_lo, which a gated call
     needs; `lengths`: a packed call's sequence lengths. Forced (FLA_BWD_DQ_PATH=from-ds) where it cannot run:
-    ValueError, never a silent fallback. Packed calls run only forced (not measured on a GPU yet): ungated, without
-    a sink, head dims up to 128, on the Triton kernel."""
+    ValueError, never a silent fallback. Packed calls run only forced (not measured on a GPU yet): ungated, head
+    dims up to 128, on the Triton kernel."""
     if k.dq_path == "recompute":
         return None, "forced (FLA_BWD_DQ_PATH=recompute)"
     G, D = s.HQ // s.H, max(s.K, s.V)
     runnable = dense and eligible(s)
-    inexact = needs_exact_o(s) and not exact_o
+    inexact = needs_exact_o(s, lengths) and not exact_o
     # The gate's gradient sums the scores' dS; the stored tiles hold the q.k products' (times the cap's derivative).
     capped_gate = s.softcap > 0 and s.g_dtype is not None
     if k.dq_path == "auto":
         if not dense:
             return None, ("packed tail queries (q shorter than k): five products run dense calls of every query only"
                           if s.QP else "packed sequences: five products run them only where forced (FLA_BWD_DQ_PATH="
-                          "from-ds: ungated, no sink, the Triton kernel; not yet measured)")
+                          "from-ds: ungated, the Triton kernel; not yet measured)")
         if not runnable:
             return None, "fp32 or tail queries: five products do not run them"
         if capped_gate:
@@ -404,15 +406,14 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optio
         raise ValueError("dq path 'from-ds' (the five-product backward) needs 16-bit q, k, v and every query (q as "
                          "long as k)")
     if not dense:
-        why = ("tail queries (q shorter than k)" if s.QP else
-               "a gate" if s.g_dtype is not None else "a sink" if s.sink_dtype is not None else
+        why = ("tail queries (q shorter than k)" if s.QP else "a gate" if s.g_dtype is not None else
                f"head dim {D} (above {config.DK_FROM_DS_ABOVE_D})" if D > config.DK_FROM_DS_ABOVE_D else
                "the Hopper kernel (FLA_BWD_DS_KERNEL=hopper), which runs dense calls" if k.ds_kernel == "hopper"
                else None)
         if why is not None:
             raise ValueError(f"dq path 'from-ds' (the five-product backward) runs packed sequences (cu_seqlens) "
-                             f"without a gate or a sink, at head dims up to {config.DK_FROM_DS_ABOVE_D}, on the "
-                             f"Triton kernel; this call has {why}")
+                             f"without a gate, at head dims up to {config.DK_FROM_DS_ABOVE_D}, on the Triton kernel; "
+                             f"this call has {why}")
     if capped_gate:
         raise ValueError("dq path 'from-ds' (the five-product backward) does not run softcap with a gate g: the "
                          "gate's gradient needs dS of the capped scores, and the stored tiles hold dS of q.k")
@@ -447,10 +448,11 @@ def needs_o_lo(call, k: Knobs) -> bool:
     then be rowsum(dO * o) with o in fp32 (the value the forward accumulates before rounding): from the rounded o,
     dk and dg came out about twice as far from the oracle (past the 5e-3 bar on sharp rows). The cost is one more
     store of o's shape in the forward, in int8, and the product of P's rounding with V."""
-    if not needs_exact_o(call.shape):
+    lengths = None if call.tiles is None else call.tiles.lengths
+    if not needs_exact_o(call.shape, lengths):
         return False
     try:
-        return _five(call.shape, call.tiles is None, call.qkv_aligned, True, k)[0] is not None
+        return _five(call.shape, call.tiles is None, call.qkv_aligned, True, k, lengths)[0] is not None
     except ValueError:
         return False  # the backward raises it
 
@@ -517,11 +519,13 @@ def route(call, k: Knobs, aligned: bool, exact_o: bool) -> Route:
         kernel = dkv_kernel_for(s.B, s.T, s.HQ, s.H, s.K, s.V, s.dtype, s.device, s.W,
                                 sequence_lengths(s.B, s.T, call.tiles), k.dkv_path)
         return seven_route(s, kernel, k, reasons)
-    return five_route(s, five, k, reasons)
+    return five_route(s, five, k, reasons, None if call.tiles is None else call.tiles.lengths)
 
 
-def five_route(s, five: FiveProduct, k: Knobs, reasons: Optional[list] = None) -> Route:
-    """The five-product route of a call of Shape s that runs as `five` (`five_product`)."""
+def five_route(s, five: FiveProduct, k: Knobs, reasons: Optional[list] = None,
+               lengths: Optional[tuple] = None) -> Route:
+    """The five-product route of a call of Shape s that runs as `five` (`five_product`); `lengths`: a packed
+    call's."""
     reasons = list(reasons or [])
     gated = s.g_dtype is not None
     # The Hopper kernel runs a chunk a launch; the Triton kernel one or two heads (a head loop spilled 5x more).
@@ -538,7 +542,7 @@ def five_route(s, five: FiveProduct, k: Knobs, reasons: Optional[list] = None) -
         ("heads a launch", f"{heads}" + ("" if five.hopper else ": two below config.DS_TWO_HEADS_BELOW_T, where the "
                                                                 "second head saves an fp32 dK/dV round trip")),
         ("delta", "o+o_lo: rowsum(dO * o) with o in fp32 (a gate's gradient, or a sink on short rows, needs it)"
-                  if needs_exact_o(s) else
+                  if needs_exact_o(s, lengths) else
                   "o: rowsum(o * dO) by the delta kernel, before the dK/dV kernel"),
         ("containment", f"{containment}: {cwhy}")]
     if s.sink_dtype is not None:
@@ -549,7 +553,7 @@ def five_route(s, five: FiveProduct, k: Knobs, reasons: Optional[list] = None) -
                                                      "calls, whose partial sums grow as T^2)",
                                           "key-side": "key-side: the dQ kernel's partial key sums added up, then a "
                                                       "reverse cumsum"}[gate_grad]))
-    exact_o = needs_exact_o(s)
+    exact_o = needs_exact_o(s, lengths)
     return Route(five, None, heads, "dkv_ds", "o+o_lo" if exact_o else "o", gate_grad, containment, exact_o,
                  tuple(reasons))
 

@@ -369,7 +369,7 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None, tiles: Op
     split, chunk, hopper, dk_from_ds = route.five
     cfg = tile_config("dkv_ds", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
-    packed = tiles is not None  # ungated, dK/dV kernel and dV together: `dispatch._five`
+    packed = tiles is not None  # ungated, dK and dV in the dK/dV kernel: `dispatch._five`
     NTOK = s.B * s.T
     dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
     delta = plan.empty("delta", (s.HQ, NTOK), torch.float32)
@@ -505,7 +505,8 @@ def forward(q, k, v, g, sink_bias, cu_seqlens, scale: float, window_size: int, f
     softcap * tanh(scale * q.k / softcap); 0: off. `window_right`: None causal, else query i also sees the keys up to
     i + window_right (-1: all). `cu_seqlens_q`: packed tail queries, q's own offsets (`cu_seqlens` then k's)."""
     call = call_of(q, k, v, g, sink_bias, cu_seqlens, scale, window_size, softcap, window_right, cu_seqlens_q)
-    plan = _forward_plan(call, for_backward and dispatch.needs_exact_o(call.shape),  # the others never need o_lo
+    lengths = None if call.tiles is None else call.tiles.lengths
+    plan = _forward_plan(call, for_backward and dispatch.needs_exact_o(call.shape, lengths),  # others: never o_lo
                          return_lse)
     env = _run(plan, dict(q=q, k=k, v=v, g=g, sink_bias=sink_bias, cu_seqlens=cu_seqlens, cu_seqlens_q=cu_seqlens_q),
                call.tiles)
