@@ -372,9 +372,12 @@ def _five_extra(D: int, dtype, t, base: dict):
     f32 = torch.float32
     fwd = dict(base, o=t(), o_lo=t(torch.int8), lse_out=None, g_cumsum=t(f32), sink_bias=None, CONTAIN=FLAG.value)
     delta = dict(o=t(), o_lo=None, do=t(), dlse=None, delta=t(f32), R=1000, NTOK=100, HQ=32, V=D, BR=4096 // bk, BV=bk)
-    dk = dict(q=t(), ds=t(), dk=t(f32), dk_in=t(f32), scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8,
-              SPLIT=1, CHUNK=2, K=D, BT=cfg["BT"], BQ=cfg["BS"], BK=bk, NUM_PARTS=8, ACC_OUT=True)
-    wide = [("dk_from_ds", F.parallel_attn_bwd_kernel_dk_from_ds, dk, "dkv_ds")] if D > DK_FROM_DS_ABOVE_D else []
+    dk = dict(q=t(), ds=t(), dk=t(f32), dk_in=t(f32), cu_seqlens=None, chunk_indices=None, ds_offsets=None,
+              scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, SPLIT=1, CHUNK=2, K=D, BT=cfg["BT"],
+              BQ=cfg["BS"], BK=bk, NUM_PARTS=8, ACC_OUT=True)
+    wide = [("dk_from_ds", F.parallel_attn_bwd_kernel_dk_from_ds, dk, "dkv_ds"),
+            ("dk_from_ds_packed", F.parallel_attn_bwd_kernel_dk_from_ds, dict(dk, **packed), "dkv_ds")
+            ] if D > DK_FROM_DS_ABOVE_D else []
     return wide + [("dq_from_ds", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None), "dkv_ds"),
             ("dq_from_ds_packed", F.parallel_attn_bwd_kernel_dq_from_ds, dict(dq, dgc_q=None, dgk_part=None, **packed),
              "dkv_ds"),

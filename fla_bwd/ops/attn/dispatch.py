@@ -367,8 +367,8 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optio
     """(FiveProduct or None for seven products, why) of a backward of Shape s; `aligned`: q, k, v and dO start
     16-byte aligned, which the Hopper kernel's TMA needs; `exact_o`: the forward made o_lo, which a gated call
     needs; `lengths`: a packed call's sequence lengths. Forced (FLA_BWD_DQ_PATH=from-ds) where it cannot run:
-    ValueError, never a silent fallback. Packed calls run only forced (not measured on a GPU yet): ungated, head
-    dims up to 128, on the Triton kernel."""
+    ValueError, never a silent fallback. Packed calls run only forced (not measured on a GPU yet): ungated, on the
+    Triton kernel."""
     if k.dq_path == "recompute":
         return None, "forced (FLA_BWD_DQ_PATH=recompute)"
     G, D = s.HQ // s.H, max(s.K, s.V)
@@ -407,13 +407,11 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optio
                          "long as k)")
     if not dense:
         why = ("tail queries (q shorter than k)" if s.QP else "a gate" if s.g_dtype is not None else
-               f"head dim {D} (above {config.DK_FROM_DS_ABOVE_D})" if D > config.DK_FROM_DS_ABOVE_D else
                "the Hopper kernel (FLA_BWD_DS_KERNEL=hopper), which runs dense calls" if k.ds_kernel == "hopper"
                else None)
         if why is not None:
             raise ValueError(f"dq path 'from-ds' (the five-product backward) runs packed sequences (cu_seqlens) "
-                             f"without a gate, at head dims up to {config.DK_FROM_DS_ABOVE_D}, on the Triton kernel; "
-                             f"this call has {why}")
+                             f"without a gate, on the Triton kernel; this call has {why}")
     if capped_gate:
         raise ValueError("dq path 'from-ds' (the five-product backward) does not run softcap with a gate g: the "
                          "gate's gradient needs dS of the capped scores, and the stored tiles hold dS of q.k")

@@ -352,25 +352,38 @@ def _dk_ds_block(b_dk, ds_base, q_base, qi, i_j, T, W, stride_q, K: tl.constexpr
     return tl.dot(b_dst, b_q, b_dk)
 
 
-@triton.heuristics({"ACC_IN": lambda args: args["dk_in"] is not None})
+@triton.heuristics({"ACC_IN": lambda args: args["dk_in"] is not None,
+                    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
 @triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
 def parallel_attn_bwd_kernel_dk_from_ds(
-    q, ds, dk, dk_in, scale, T, W, NTILE, G0,
+    q, ds, dk, dk_in, cu_seqlens, chunk_indices, ds_offsets, scale, T, W, NTILE, G0,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
     BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_PARTS: tl.constexpr, ACC_IN: tl.constexpr,
-    ACC_OUT: tl.constexpr,
+    ACC_OUT: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """dk of one key tile (BT keys) of one share of a group (NUM_PARTS = B * H * SPLIT shares, the dK/dV kernel's
     order) from the stored dS tiles of the chunk [G0, G0 + CHUNK) of the share's heads: dk_j = scale *
     sum_i dS_ij q_i, the dK/dV kernel's dK product moved here where its fp32 sum and dV's together spill (head dims
     above 128; `dispatch.five_route`). Heads in chunk order, then query blocks from the diagonal up: a fixed order
     (deterministic). ACC_IN: start from the fp32 sums dk_in of the earlier chunks; ACC_OUT: store fp32 sums
-    unscaled, for the next chunk (dk may be dk_in: a program reads its own tile before it writes it)."""
+    unscaled, for the next chunk (dk may be dk_in: a program reads its own tile before it writes it). Packed
+    (IS_VARLEN): the key tiles of chunk_indices, each sequence's bands from tile ds_offsets[i_n] * NUM_PARTS * CHUNK
+    (`host.band_offsets`)."""
     tl.static_assert(BT % BQ == 0, "query blocks must tile the key tile")
     i_part = tl.program_id(0) % NUM_PARTS
     i_j = tl.program_id(0) // NUM_PARTS  # the first key tiles see the most query blocks: they start first
     i_b, i_share = i_part // (H * SPLIT), i_part % (H * SPLIT)
-    bos = i_b.to(tl.int64) * T
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_j * 2).to(tl.int64)
+        i_j = tl.load(chunk_indices + i_j * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        tile0 = tl.load(ds_offsets + i_n)
+        NTILE = (tl.load(ds_offsets + i_n + 1) - tile0).to(tl.int32)
+        tile0 *= NUM_PARTS * CHUNK
+    else:
+        bos = i_b.to(tl.int64) * T
+        tile0 = 0
     s0 = i_j * BT
     o_s = s0 + tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -388,7 +401,7 @@ def parallel_attn_bwd_kernel_dk_from_ds(
     edge = tl.maximum(full, tl.minimum((s0 + W) // BQ, T // BQ))
     for i_c in range(CHUNK):
         i_band = i_part * CHUNK + i_c
-        ds_base = ds + i_band.to(tl.int64) * NTILE * (BT * BQ)
+        ds_base = ds + (tile0 + i_band.to(tl.int64) * NTILE) * (BT * BQ)
         q_base = q + (bos * HQ + i_share * (G // SPLIT) + G0 + i_c) * K
         for qi in range(q_lo, full):
             b_dk = _dk_ds_block(b_dk, ds_base, q_base, qi, i_j, T, W, HQ * K, K=K, BT=BT, BQ=BQ, BK=BK, EDGE=True)

@@ -323,13 +323,19 @@ def _add_dkv_ds(plan: Plan, s, tiles: Optional[VarlenTiles], out: Optional[tuple
                 CONTAIN=FIXUP.value, **args)
 
 
-def _add_dk_from_ds(plan: Plan, s, dk: Ref, dk_in: Optional[Ref], acc_out: bool, heads_of: dict) -> None:
+def _add_dk_from_ds(plan: Plan, s, tiles: Optional[VarlenTiles], dk: Ref, dk_in: Optional[Ref], acc_out: bool,
+                    heads_of: dict, varlen: dict) -> None:
     """dk of one chunk's heads from its stored dS tiles (`parallel_attn_bwd_kernel_dk_from_ds`), a program a key tile
-    of each share: into `dk` (`[B, T, H * split, K]`), from the earlier chunks' fp32 sums `dk_in`; fp32 unscaled
-    with `acc_out`."""
+    (packed: of `tiles`' list) of each share: into `dk` (`[B, T, H * split, K]`), from the earlier chunks' fp32 sums
+    `dk_in`; fp32 unscaled with `acc_out`. `varlen`: the packed call's cu_seqlens and band offsets (or Nones)."""
     BT, NUM_PARTS = heads_of["BT"], heads_of["NUM_BANDS"] // heads_of["CHUNK"]
-    plan.launch(parallel_attn_bwd_kernel_dk_from_ds, (cdiv(s.T, BT) * NUM_PARTS,), q=Ref("q"), ds=heads_of["ds"],
-                dk=dk, dk_in=dk_in, scale=s.scale, T=s.T, W=s.W, NTILE=heads_of["NTILE"], G0=heads_of["G0"],
+    key_tiles, chunks = cdiv(s.T, BT), None
+    if tiles is not None:
+        key_tiles, chunks = tiles.num_tiles(BT), Ref(f"chunks{BT}")
+        plan.tile_sizes.add(BT)
+    plan.launch(parallel_attn_bwd_kernel_dk_from_ds, (key_tiles * NUM_PARTS,), q=Ref("q"), ds=heads_of["ds"],
+                dk=dk, dk_in=dk_in, chunk_indices=chunks, **varlen, scale=s.scale, T=s.T, W=s.W,
+                NTILE=heads_of["NTILE"], G0=heads_of["G0"],
                 HQ=s.HQ, H=s.H, G=heads_of["G"], SPLIT=heads_of["SPLIT"], CHUNK=heads_of["CHUNK"], K=s.K, BT=BT,
                 BQ=heads_of["BQ"], BK=max(16, next_power_of_2(s.K)), NUM_PARTS=NUM_PARTS, ACC_OUT=acc_out,
                 **DK_FROM_DS_LAUNCH)
@@ -369,7 +375,7 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None, tiles: Op
     split, chunk, hopper, dk_from_ds = route.five
     cfg = tile_config("dkv_ds", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
-    packed = tiles is not None  # ungated, dK and dV in the dK/dV kernel: `dispatch._five`
+    packed = tiles is not None  # ungated: `dispatch._five`
     NTOK = s.B * s.T
     dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
     delta = plan.empty("delta", (s.HQ, NTOK), torch.float32)
@@ -443,8 +449,8 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None, tiles: Op
                         dgk_part=dgk_part, chunk_indices=chunks, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
                         BK=max(16, next_power_of_2(s.K)), **varlen, **heads_of, **dq_launch)
             if dk_from_ds:
-                _add_dk_from_ds(plan, s, dk_out if last else dk_sum, dk_sum if done > chunk else None, not last,
-                                dict(heads_of, ds=ds, NTILE=ntile))
+                _add_dk_from_ds(plan, s, tiles, dk_out if last else dk_sum, dk_sum if done > chunk else None,
+                                not last, dict(heads_of, ds=ds, NTILE=ntile), varlen)
             if by_band:
                 add_gate_grad_by_band(plan, dgk_part, dgc_q, dg, s, heads_of)
             elif gated:
