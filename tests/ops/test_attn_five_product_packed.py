@@ -6,10 +6,11 @@ Each sequence's dS tiles in bands of its own length (`index.VarlenTiles.band_off
 dS-storing dK/dV kernel over the packed key tiles, dQ from dS over the packed pairs of query blocks. Held to the
 five-product contract: o and every gradient against the fp32 oracle with poisoned buffers (an unwritten dS tile or
 dq row shows up as NaN), at every split and chunk of heads, empty and one-token sequences, windows, K != V, sinks
-(o_lo where a sequence is shorter than 16 keys), head dims above 128 (dK from the stored tiles); dK/dV
+(o_lo where a sequence is shorter than 16 keys), gates (the key side and the scan per sequence), head dims above
+128 (dK from the stored tiles); dK/dV
 bitwise the seven-product backward's (the same kernel body, the same additions); chunks bitwise one launch;
 deterministic; NaN/Inf containment in both modes; a plan per band size (two batches of the same tile counts whose
-bands differ); and what it does not run (a gate, the Hopper kernel, tail queries) raises.
+bands differ); and what it does not run (the Hopper kernel, tail queries) raises.
 """
 
 import math
@@ -35,6 +36,9 @@ CPU_CASES = [
     Case(B=1, T=90, HQ=2, H=1, K=16, dtype=bf16, cu_seqlens=(0, 20, 90), window=1, scale=0.3),
     Case(B=1, T=120, HQ=4, H=2, K=64, dtype=bf16, cu_seqlens=(0, 5, 100, 120), sink=1.0),  # a short row: o_lo
     Case(B=1, T=160, HQ=4, H=1, K=32, dtype=f16, cu_seqlens=(0, 70, 160), sink=float("nan"), window=30),
+    # Gated: o_lo from the forward, the gate's key side per sequence (`from_ds.key_side_kernel`), its scan per sequence.
+    Case(B=1, T=300, HQ=4, H=2, K=64, dtype=bf16, cu_seqlens=(0, 1, 1, 170, 300), gate=True),
+    Case(B=1, T=200, HQ=2, H=1, K=32, dtype=f16, cu_seqlens=(0, 64, 200), gate=True, window=40, sink=0.5),
     # Head dims above 128: dV and dS in the dK/dV kernel, dK from the stored tiles (`FiveProduct.dk_from_ds`).
     Case(B=1, T=90, HQ=4, H=2, K=160, dtype=bf16, cu_seqlens=(0, 1, 30, 90)),
     Case(B=1, T=100, HQ=2, H=1, K=64, V=192, dtype=f16, cu_seqlens=(0, 45, 100), window=20, sink=1.0),
@@ -46,6 +50,7 @@ GPU_CASES = [
     Case(B=1, T=1200, HQ=4, H=1, K=128, V=64, dtype=bf16, cu_seqlens=(0, 129, 1200)),
     Case(B=1, T=2100, HQ=16, H=2, K=128, dtype=bf16, cu_seqlens=(0, 9, 1000, 2100), sink=float("nan")),
     Case(B=1, T=2200, HQ=16, H=2, K=256, dtype=bf16, cu_seqlens=(0, 1, 700, 2200)),
+    Case(B=1, T=3000, HQ=16, H=2, K=128, dtype=bf16, cu_seqlens=(0, 1, 1, 1000, 2200, 3000), gate=True),
 ]
 CASES = GPU_CASES if DEVICE == "cuda" else CPU_CASES
 
@@ -111,15 +116,16 @@ def test_a_plan_per_band_size(monkeypatch):
     assert len([k for k in host._PLANS if k[0] == "bwd"]) == 2
 
 
+@pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize("containment", ["inline", "two-launch"])
 @pytest.mark.parametrize("which,value", [("q", math.nan), ("k", math.inf), ("v", math.nan)],
                          ids=["q_nan", "k_inf", "v_nan"])
-def test_nan_inf_stays_in_its_sequence(which, value, containment, monkeypatch):
+def test_nan_inf_stays_in_its_sequence(which, value, containment, gate, monkeypatch):
     """A non-finite q, k or v element of the second sequence: the other sequences' outputs and gradients are bitwise
     the clean run's, and the second sequence's are NaN/Inf exactly where its own dense five-product call's are."""
     monkeypatch.setenv("FLA_BWD_CONTAINMENT", containment)
     cu = (0, 40, 110, 150)
-    case = Case(B=1, T=150, HQ=4, H=2, K=32, dtype=bf16, cu_seqlens=cu, window=20)
+    case = Case(B=1, T=150, HQ=4, H=2, K=32, dtype=bf16, cu_seqlens=cu, window=20, gate=gate)
     x = make_inputs(case)
     with dq_path("from-ds"):
         clean = run_parallel(case, x)
@@ -127,9 +133,9 @@ def test_nan_inf_stays_in_its_sequence(which, value, containment, monkeypatch):
         bad[0, 60, 0, :] = value  # sequence 1, position 20, head 0
         setattr(x, which, bad.requires_grad_())
         out = run_parallel(case, x)
-        one = Case(B=1, T=70, HQ=4, H=2, K=32, dtype=bf16, window=20)
+        one = Case(B=1, T=70, HQ=4, H=2, K=32, dtype=bf16, window=20, gate=gate)
         y = make_inputs(one)
-        for name in ("q", "k", "v", "do"):
+        for name in ("q", "k", "v", "do") + (("g",) if gate else ()):
             setattr(y, name, getattr(x, name).detach()[:, 40:110].clone().requires_grad_(name != "do"))
         dense = run_parallel(one, y)
     for name, t in out.items():
@@ -140,12 +146,11 @@ def test_nan_inf_stays_in_its_sequence(which, value, containment, monkeypatch):
             assert not torch.isfinite(t[:, 40:110]).all(), name
 
 
-@pytest.mark.parametrize("what,match", [("gate", "a gate"), ("hopper", "Hopper kernel")])
-def test_what_it_does_not_run_raises(what, match):
-    case = Case(B=1, T=90, HQ=2, H=1, K=32, dtype=bf16, cu_seqlens=(0, 30, 90), gate=what == "gate")
+def test_the_hopper_kernel_raises():
+    case = Case(B=1, T=90, HQ=2, H=1, K=32, dtype=bf16, cu_seqlens=(0, 30, 90))
     x = make_inputs(case)
-    with dq_path("from-ds"), ds_kernel("hopper" if what == "hopper" else "auto"):
-        with pytest.raises(ValueError, match=f"runs packed sequences.*{match}"):
+    with dq_path("from-ds"), ds_kernel("hopper"):
+        with pytest.raises(ValueError, match="runs packed sequences.*Hopper kernel"):
             run_parallel(case, x)
 
 

@@ -130,15 +130,15 @@ def test_kernels_fit_hopper_shared_memory(dtype):
 def test_five_product_kernels_fit_hopper_shared_memory():
     """The five-product backward's kernels (scripts/compile_sm90.py --five: the dK/dV kernel with its dS store,
     unsplit, packed, at four programs a key tile, gated and with a sink, in 3 CONTAIN modes each, dQ-from-dS plain,
-    packed and gated, the gate's key-side sum and its one-launch form with dg's scan, delta, the sink's gradient,
-    and the gated forward and delta with o_lo) at the head dims it runs (16-bit, D <= 256; above 128 also its
-    dV-alone form, plain and with a sink, and dK from dS, plain and packed)."""
+    packed, gated and both, the gate's key-side sum (dense and packed) and its one-launch form with dg's scan,
+    delta, the sink's gradient, and the gated forward and delta with o_lo) at the head dims it runs (16-bit,
+    D <= 256; above 128 also its dV-alone form, plain and with a sink, and dK from dS, plain and packed)."""
     rc, lines = compile_sm90_recorded("five", ["--five", "--dims", "64,128,256", "--jobs", "2"])
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    # (5 dK/dV forms x 3 CONTAIN modes + 3 dQ-from-dS + key side + gate grad by band + delta + sink grad + forward
+    # (5 dK/dV forms x 3 CONTAIN modes + 4 dQ-from-dS + 2 key side + gate grad by band + delta + sink grad + forward
     # and delta with o_lo) x 3 dims, + at D = 256 2 dV-alone forms x 3 modes and dK from dS, plain and packed
-    assert out.count("smem") == (5 * 3 + 3 + 1 + 1 + 1 + 1 + 2) * 3 + 2 * 3 + 2, out
+    assert out.count("smem") == (5 * 3 + 4 + 2 + 1 + 1 + 1 + 2) * 3 + 2 * 3 + 2, out
 
 
 def test_feature_kernels_fit_hopper_shared_memory():

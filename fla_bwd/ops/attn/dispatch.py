@@ -367,8 +367,8 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optio
     """(FiveProduct or None for seven products, why) of a backward of Shape s; `aligned`: q, k, v and dO start
     16-byte aligned, which the Hopper kernel's TMA needs; `exact_o`: the forward made o_lo, which a gated call
     needs; `lengths`: a packed call's sequence lengths. Forced (FLA_BWD_DQ_PATH=from-ds) where it cannot run:
-    ValueError, never a silent fallback. Packed calls run only forced (not measured on a GPU yet): ungated, on the
-    Triton kernel."""
+    ValueError, never a silent fallback. Packed calls run only forced (not measured on a GPU yet), on the Triton
+    kernel."""
     if k.dq_path == "recompute":
         return None, "forced (FLA_BWD_DQ_PATH=recompute)"
     G, D = s.HQ // s.H, max(s.K, s.V)
@@ -380,7 +380,7 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optio
         if not dense:
             return None, ("packed tail queries (q shorter than k): five products run dense calls of every query only"
                           if s.QP else "packed sequences: five products run them only where forced (FLA_BWD_DQ_PATH="
-                          "from-ds: ungated, the Triton kernel; not yet measured)")
+                          "from-ds: the Triton kernel; not yet measured)")
         if not runnable:
             return None, "fp32 or tail queries: five products do not run them"
         if capped_gate:
@@ -406,12 +406,12 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optio
         raise ValueError("dq path 'from-ds' (the five-product backward) needs 16-bit q, k, v and every query (q as "
                          "long as k)")
     if not dense:
-        why = ("tail queries (q shorter than k)" if s.QP else "a gate" if s.g_dtype is not None else
+        why = ("tail queries (q shorter than k)" if s.QP else
                "the Hopper kernel (FLA_BWD_DS_KERNEL=hopper), which runs dense calls" if k.ds_kernel == "hopper"
                else None)
         if why is not None:
-            raise ValueError(f"dq path 'from-ds' (the five-product backward) runs packed sequences (cu_seqlens) "
-                             f"without a gate, on the Triton kernel; this call has {why}")
+            raise ValueError(f"dq path 'from-ds' (the five-product backward) runs packed sequences (cu_seqlens) of "
+                             f"every query on the Triton kernel; this call has {why}")
     if capped_gate:
         raise ValueError("dq path 'from-ds' (the five-product backward) does not run softcap with a gate g: the "
                          "gate's gradient needs dS of the capped scores, and the stored tiles hold dS of q.k")
@@ -528,7 +528,9 @@ def five_route(s, five: FiveProduct, k: Knobs, reasons: Optional[list] = None,
     gated = s.g_dtype is not None
     # The Hopper kernel runs a chunk a launch; the Triton kernel one or two heads (a head loop spilled 5x more).
     heads = five.chunk if five.hopper else math.gcd(five.chunk, 2 if s.T < config.DS_TWO_HEADS_BELOW_T else 1)
-    gate_grad = None if not gated else "by-band" if s.T <= config.GATE_GRAD_BY_BAND_MAX_T else "key-side"
+    # Packed: the key side per sequence (`from_ds.key_side_kernel`); the by-band kernel scans dense bands only.
+    by_band = s.T <= config.GATE_GRAD_BY_BAND_MAX_T and lengths is None
+    gate_grad = None if not gated else "by-band" if by_band else "key-side"
     containment, cwhy = _containment(s, k.containment)
     reasons += [
         ("dK/dV + dS kernel", ("hopper: the warp-specialized Gluon kernel runs this call" if five.hopper else

@@ -24,7 +24,8 @@ Layout of the stored tiles (`ds_layout`): per (batch, KV head, head of the chunk
 key order, as a row-major [BT keys, BQ queries] block (dS transposed, as the dK/dV kernel holds it). With a window
 only the band of visible tiles is stored. BQ and BT are the dK/dV kernel's BS and BT. Packed sequences (ungated,
 forced: `dispatch._five`): each sequence's bands hold the tiles of its own length, one after another by sequence
-(`host.band_offsets`).
+(`host.band_offsets`), and so do the gate's partial key sums; their key side then `key_side_kernel` (never the
+by-band kernel).
 
 With a gate, delta comes from o plus the forward's rounding residual o_lo (`dispatch.needs_o_lo`); dQ from dS also
 sums both sides of the gate's gradient from the stored 16-bit tiles (the query side per row, the key side as
@@ -226,9 +227,9 @@ def _key_ranges(t0, W, BT: tl.constexpr, BQ: tl.constexpr):
 
 @triton.heuristics({"USE_G": lambda args: args["dgc_q"] is not None,
                     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
-@triton.jit(do_not_specialize=["T", "W", "NTILE", "G0"])
+@triton.jit(do_not_specialize=["T", "W", "NTILE", "G0", "NTOK"])
 def parallel_attn_bwd_kernel_dq_from_ds(
-    k, ds, dq, dgc_q, dgk_part, cu_seqlens, chunk_indices, ds_offsets, scale, T, W, NTILE, G0,
+    k, ds, dq, dgc_q, dgk_part, cu_seqlens, chunk_indices, ds_offsets, ks_offsets, scale, T, W, NTILE, G0, NTOK,
     HQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, K: tl.constexpr,
     BT: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, NUM_BANDS: tl.constexpr, USE_G: tl.constexpr,
     IS_VARLEN: tl.constexpr,
@@ -241,10 +242,11 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     order, then the tiles both see whole from the highest key down. USE_G: also the query side of the gate's gradient
     into dgc_q `[HQ, B * T]` (fp32, `_row_sums`), and per key tile this program's sums of the key side into
     dgk_part `[programs a band, NUM_BANDS, T]` (fp32, `_key_sums`; `key_side_kernel` adds them up).
-    Packed (IS_VARLEN, ungated): NUM_BANDS bands a sequence (its KV heads, shares and chunk heads), sequence i_n's
-    from tile ds_offsets[i_n] * NUM_BANDS on (`host.band_offsets`); the programs take chunk_indices's
-    (sequence, pair of query blocks) entries, the last first."""
-    tl.static_assert(not (IS_VARLEN and USE_G), "packed five products run ungated calls")
+    Packed (IS_VARLEN): NUM_BANDS bands a sequence (its KV heads, shares and chunk heads), sequence i_n's from tile
+    ds_offsets[i_n] * NUM_BANDS on (`host.band_offsets`); the programs take chunk_indices's (sequence, pair of
+    query blocks) entries, the last first; gated, its key sums `[its programs, NUM_BANDS, its length]` from
+    element ks_offsets[i_n] * NUM_BANDS of dgk_part on, and dgc_q `[HQ, NTOK]` (NTOK, the packed length: packed
+    only, else None)."""
     i_band = tl.program_id(0) % NUM_BANDS
     i_p = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
     i_b, i_h, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
@@ -256,18 +258,22 @@ def parallel_attn_bwd_kernel_dq_from_ds(
         tile0 = tl.load(ds_offsets + i_n)
         NTILE = (tl.load(ds_offsets + i_n + 1) - tile0).to(tl.int32)
         ds_base = ds + (tile0 * NUM_BANDS + i_band * NTILE) * (BT * BQ)
+        p_ks = dgk_part
+        if USE_G:
+            p_ks = dgk_part + tl.load(ks_offsets + i_n) * NUM_BANDS + (i_p.to(tl.int64) * NUM_BANDS + i_band) * T
     else:
         bos = i_b.to(tl.int64) * T
         ds_base = ds + i_band.to(tl.int64) * NTILE * (BT * BQ)
+        NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
+        p_ks = dgk_part
+        if USE_G:
+            p_ks = dgk_part + (i_p.to(tl.int64) * NUM_BANDS + i_band) * T
     qa = 2 * i_p
     ta = qa * BQ
     lo_a, mid_a, hi_a = _key_ranges(ta, W, BT=BT, BQ=BQ)
     lo_b, mid_b, hi_b = _key_ranges(ta + BQ, W, BT=BT, BQ=BQ)
     b_exists = ta + BQ < T
     k_base = k + (bos * H + i_h) * K
-    p_ks = dgk_part
-    if USE_G:
-        p_ks = dgk_part + (i_p.to(tl.int64) * NUM_BANDS + i_band) * T
     o_r = tl.arange(0, BT)
     o_c = tl.arange(0, BQ)
     # [BQ, BK]
@@ -323,7 +329,6 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     tl.store(p_dq + o_t[:, None].to(tl.int64) * (HQ * K), (b_dqa * scale).to(dq.dtype.element_ty),
              mask=(o_t < T)[:, None] & (o_k < K)[None, :])
     if USE_G:
-        NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
         p_dgc = dgc_q + i_hq.to(tl.int64) * NTOK + bos + o_t
         tl.store(p_dgc, tl.sum(b_rsa, 1), mask=o_t < T)
         tl.store(p_dgc + BQ, tl.sum(b_rsb, 1), mask=o_t + BQ < T)
@@ -443,18 +448,29 @@ def _key_sums_of_block(dgk_part, i_band, s0, T, W, BT: tl.constexpr, BQ: tl.cons
     return b_acc
 
 
-@triton.jit(do_not_specialize=["T", "W", "G0"])
-def key_side_kernel(dgk_part, dgc_k, T, W, G0, H: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
-                    CHUNK: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
-                    NUM_BANDS: tl.constexpr):
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T", "W", "G0", "NTOK"])
+def key_side_kernel(dgk_part, dgc_k, cu_seqlens, chunk_indices, ks_offsets, T, W, G0, NTOK, H: tl.constexpr,
+                    G: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, BT: tl.constexpr, BQ: tl.constexpr,
+                    BR: tl.constexpr, BP: tl.constexpr, NUM_BANDS: tl.constexpr, IS_VARLEN: tl.constexpr):
     """The key side of the gate's gradient of BR keys of one band of the chunk: dgc_k `[HQ, B * T]` = minus the
-    sum of the partial key sums over the dQ-from-dS programs that stored them (`_key_sums_of_block`)."""
+    sum of the partial key sums over the dQ-from-dS programs that stored them (`_key_sums_of_block`). Packed
+    (IS_VARLEN): the BR-key blocks of chunk_indices, each sequence's partial sums from element
+    ks_offsets[i_n] * NUM_BANDS of dgk_part on (`parallel_attn_bwd_kernel_dq_from_ds`); dgc_k `[HQ, NTOK]`."""
     i_r, i_band = tl.program_id(0), tl.program_id(1)
     i_b, _, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_r * 2).to(tl.int64)
+        i_r = tl.load(chunk_indices + i_r * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        dgk_part += tl.load(ks_offsets + i_n) * NUM_BANDS
+    else:
+        NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
+        bos = i_b.to(tl.int64) * T
     o_s = i_r * BR + tl.arange(0, BR)
     b_acc = _key_sums_of_block(dgk_part, i_band, i_r * BR, T, W, BT=BT, BQ=BQ, BR=BR, BP=BP, NUM_BANDS=NUM_BANDS)
-    NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T
-    tl.store(dgc_k + i_hq.to(tl.int64) * NTOK + i_b.to(tl.int64) * T + o_s, -b_acc, mask=o_s < T)
+    tl.store(dgc_k + i_hq.to(tl.int64) * NTOK + bos + o_s, -b_acc, mask=o_s < T)
 
 
 @triton.jit(do_not_specialize=["T", "W", "G0"])

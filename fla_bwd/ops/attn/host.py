@@ -84,6 +84,8 @@ def _run(plan: Plan, env: dict, tiles: Optional[VarlenTiles]) -> dict:
             env[f"qchunks{BT}"] = tiles.queries.chunk_indices(BT)
         if plan.ds_bands is not None:  # packed five products: where each sequence's dS bands start
             env["ds_offsets"] = band_offsets(tiles, *plan.ds_bands)[1]
+        if plan.ks_bands is not None:  # and its gate's partial key sums
+            env["ks_offsets"] = key_offsets(tiles, plan.ks_bands)[1]
     with _on_device(plan.device):
         return plan.run(env)
 
@@ -102,14 +104,22 @@ def band_offsets(tiles: VarlenTiles, W: int, BQ: int, BT: int, on_device: bool =
     return tiles.band_offsets(("ds", W, BQ, BT), lambda n: ds_layout(n, W, BQ, BT), on_device)
 
 
-def _bands_key(call: Call) -> Optional[int]:
-    """What a packed backward's plan depends on beyond the call's key (tile counts): the tiles of its dS bands,
-    which a five-product route allocates (`add_five_product`); None for a dense call."""
+def key_offsets(tiles: VarlenTiles, BQ: int, on_device: bool = True) -> tuple:
+    """`tiles.band_offsets` of a gated five-product backward's partial key sums (`from_ds.key_side_kernel`):
+    cdiv(n, 2 BQ) dQ-from-dS programs of n keys each, for a sequence of n tokens."""
+    return tiles.band_offsets(("keys", BQ), lambda n: cdiv(n, 2 * BQ) * n, on_device)
+
+
+def _bands_key(call: Call) -> Optional[tuple]:
+    """What a packed backward's plan depends on beyond the call's key (tile counts): the sizes of its dS bands and
+    its gate's key sums and the key side's blocks, which a five-product route allocates and launches
+    (`add_five_product`); None for a dense call."""
     if call.tiles is None:
         return None
     s = call.shape
     cfg = tile_config("dkv_ds", max(s.K, s.V), s.dtype)
-    return band_offsets(call.tiles, s.W, cfg["BS"], cfg["BT"], on_device=False)[0]
+    return (band_offsets(call.tiles, s.W, cfg["BS"], cfg["BT"], on_device=False)[0],
+            key_offsets(call.tiles, cfg["BS"], on_device=False)[0], call.tiles.num_tiles(max(cfg["BT"], 256)))
 
 
 def _sequences(s: Shape, tiles: Optional[VarlenTiles]) -> int:
@@ -134,6 +144,7 @@ def new_plan(s, inline: bool) -> Plan:
     plan.query_tile_sizes = set()  # and of the query tiles of packed tail queries ("qchunks{BT}")
     plan.flags = 0  # programs of the largest two-launch pair (`add_contained`)
     plan.ds_bands = None  # packed five products: (W, BQ, BT) of their dS bands, whose offsets `_run` binds
+    plan.ks_bands = None  # and, gated, BQ of their key sums' (`key_offsets`)
     plan.inline = inline
     return plan
 
@@ -375,7 +386,7 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None, tiles: Op
     split, chunk, hopper, dk_from_ds = route.five
     cfg = tile_config("dkv_ds", max(s.K, s.V), s.dtype)
     BT, BQ = cfg["BT"], cfg["BS"]
-    packed = tiles is not None  # ungated: `dispatch._five`
+    packed = tiles is not None
     NTOK = s.B * s.T
     dq = plan.empty("dq", (s.B, s.T, s.HQ, s.K), s.dtype)
     delta = plan.empty("delta", (s.HQ, NTOK), torch.float32)
@@ -399,8 +410,8 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None, tiles: Op
         ntile = ds_layout(s.T, s.W, BQ, BT)
         tiles_total = bands * ntile
     ds = plan.empty("ds", (tiles_total * BT * BQ,), s.dtype)
-    varlen = dict(cu_seqlens=Ref("cu_seqlens"), ds_offsets=Ref("ds_offsets")) if packed else dict(
-        cu_seqlens=None, ds_offsets=None)
+    varlen = dict(cu_seqlens=Ref("cu_seqlens"), ds_offsets=Ref("ds_offsets"), ks_offsets=None) if packed else dict(
+        cu_seqlens=None, ds_offsets=None, ks_offsets=None)
     # The gate's gradient: dQ from dS stores its query side, and partial sums of its key side, which
     # `key_side_kernel` adds up, then the reverse scan; or `gate_grad_of_band_kernel` both at once (all from the
     # stored tiles; the dK/dV kernels compute no gate gradient here).
@@ -408,7 +419,12 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None, tiles: Op
     by_band = route.gate_grad == "by-band"
     if gated:
         dgc_q = plan.empty("dgc_q", (s.HQ, NTOK), torch.float32)
-        dgk_part = plan.empty("dgk_part", (cdiv(s.T, 2 * BQ), bands, s.T), torch.float32)
+        if packed:  # each sequence's [its programs, bands, its length] (`key_offsets`, bound by `_run`)
+            plan.ks_bands = BQ
+            dgk_part = plan.empty("dgk_part", (key_offsets(tiles, BQ)[0] * bands,), torch.float32)
+            varlen["ks_offsets"] = Ref("ks_offsets")
+        else:
+            dgk_part = plan.empty("dgk_part", (cdiv(s.T, 2 * BQ), bands, s.T), torch.float32)
         if by_band:
             dg = plan.empty("dg", (s.B, s.T, s.HQ), s.g_dtype)
         else:
@@ -446,8 +462,9 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None, tiles: Op
                 pairs, chunks = tiles.num_tiles(2 * BQ), Ref(f"chunks{2 * BQ}")
                 plan.tile_sizes.add(2 * BQ)
             plan.launch(parallel_attn_bwd_kernel_dq_from_ds, (pairs * bands,), k=Ref("k"), ds=ds, dq=dq, dgc_q=dgc_q,
-                        dgk_part=dgk_part, chunk_indices=chunks, scale=s.scale, NTILE=ntile, HQ=s.HQ, K=s.K,
-                        BK=max(16, next_power_of_2(s.K)), **varlen, **heads_of, **dq_launch)
+                        dgk_part=dgk_part, chunk_indices=chunks, scale=s.scale, NTILE=ntile,
+                        NTOK=NTOK if packed else None, HQ=s.HQ, K=s.K, BK=max(16, next_power_of_2(s.K)), **varlen,
+                        **heads_of, **dq_launch)
             if dk_from_ds:
                 _add_dk_from_ds(plan, s, tiles, dk_out if last else dk_sum, dk_sum if done > chunk else None,
                                 not last, dict(heads_of, ds=ds, NTILE=ntile), varlen)
@@ -455,14 +472,20 @@ def add_five_product(plan: Plan, s, route, dlse: Optional[Ref] = None, tiles: Op
                 add_gate_grad_by_band(plan, dgk_part, dgc_q, dg, s, heads_of)
             elif gated:
                 keys = max(BT, 256)  # a program's keys: whole key tiles; 1024 gave 2 programs a band, 9.8 us
-                plan.launch(key_side_kernel, (cdiv(s.T, keys), bands), dgk_part=dgk_part, dgc_k=dgc_k, BR=keys, BP=16,
-                            **heads_of, num_warps=4)
+                blocks, chunks = cdiv(s.T, keys), None
+                if packed:
+                    blocks, chunks = tiles.num_tiles(keys), Ref(f"chunks{keys}")
+                    plan.tile_sizes.add(keys)
+                plan.launch(key_side_kernel, (blocks, bands), dgk_part=dgk_part, dgc_k=dgc_k,
+                            cu_seqlens=varlen["cu_seqlens"], chunk_indices=chunks, ks_offsets=varlen["ks_offsets"],
+                            NTOK=NTOK if packed else None, BR=keys, BP=16, **heads_of, num_warps=4)
     if last_out is not None:
         add_group_sum(plan, *last_out, s.B, s.T, s.H, split, s.K, s.V, s.dtype)
     if sink_part is not None:
         add_sink_grad(plan, s, delta, sink_part, sink_tiles, dlse)
     if gated and not by_band:
-        add_gate_grad(plan, dgc_q, dgc_k, None, s.B, s.B, s.T, s.HQ, s.g_dtype)
+        add_gate_grad(plan, dgc_q, dgc_k, Ref("cu_seqlens") if packed else None, _sequences(s, tiles), s.B, s.T,
+                      s.HQ, s.g_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------

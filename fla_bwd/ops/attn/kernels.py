@@ -561,15 +561,14 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
     (ACC_OUT). The gate's gradient comes from the stored tiles (`from_ds.py`), not from here; with a sink, each head's
     fp32 sums of p_sink_i * dS_ij over the tile go to sink_part (`from_ds.sink_grad_kernel` makes dsink from them).
     DK_FROM_DS: dV alone, dK from the stored tiles afterwards (`from_ds.parallel_attn_bwd_kernel_dk_from_ds`): head dims
-    above 128, where dK's and dV's [BT, D] fp32 sums together spill. Packed (IS_VARLEN: cu_seqlens, chunk_indices,
-    no gate): sequence i_n's bands, of `from_ds.ds_layout` of its length each (not NTILE), start at tile
+    above 128, where dK's and dV's [BT, D] fp32 sums together spill. Packed (IS_VARLEN: cu_seqlens, chunk_indices):
+    sequence i_n's bands, of `from_ds.ds_layout` of its length each (not NTILE), start at tile
     ds_offsets[i_n] * (H * SPLIT * CHUNK) (`host.band_offsets`), of the chunk's TILES tiles."""
     tl.static_assert(BT % BS == 0, "query blocks must tile the key tile")
     tl.static_assert(G % SPLIT == 0, "SPLIT must divide the group")
     if CONTAIN == FIXUP:
         if tl.load(nonfinite + tl.program_id(0)) == 0:
             return
-    tl.static_assert(not (IS_VARLEN and USE_G), "packed five products run ungated calls")
     i_part, i_n, bos, T, s0, o_s, m_s = key_tile(B, T, cu_seqlens, chunk_indices, NH=H * SPLIT, BT=BT,
                                                  IS_VARLEN=IS_VARLEN)
     i_hq0 = i_part * (G // SPLIT)
