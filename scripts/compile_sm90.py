@@ -370,7 +370,7 @@ def _five_extra(D: int, dtype, t, base: dict):
               scale=0.1, T=100, W=100, NTILE=1000, G0=2, HQ=32, H=4, G=8, CHUNK=2, K=D, BT=cfg["BT"], BQ=cfg["BS"],
               BK=bk, NUM_BANDS=8, SPLIT=1)
     packed = dict(cu_seqlens=t(torch.int32), chunk_indices=t(torch.int32), ds_offsets=t(torch.int64))
-    keys = dict(cu_seqlens=t(torch.int32), chunk_indices=t(torch.int32), ks_offsets=t(torch.int64), NTOK=1000)
+    keys = dict(ks_offsets=t(torch.int64), NTOK=1000)  # gated packed: with `packed`
     key_side = dict(dgk_part=t(torch.float32), dgc_k=t(torch.float32), cu_seqlens=None, chunk_indices=None,
                     ks_offsets=None, NTOK=None, T=100, W=100, G0=2, H=4, G=8, SPLIT=1, CHUNK=2, BT=cfg["BT"],
                     BQ=cfg["BS"], BR=256, BP=16, NUM_BANDS=8)
@@ -391,7 +391,8 @@ def _five_extra(D: int, dtype, t, base: dict):
             ("dq_from_ds_packed_gated", F.parallel_attn_bwd_kernel_dq_from_ds,
              dict(dq, dgc_q=t(f32), dgk_part=t(f32), **packed, **keys), "dkv_ds"),
             ("key_side", F.key_side_kernel, key_side, "dkv_ds"),
-            ("key_side_packed", F.key_side_kernel, dict(key_side, **keys), "dkv_ds"),
+            ("key_side_packed", F.key_side_kernel, dict(key_side, cu_seqlens=t(torch.int32),
+                                                        chunk_indices=t(torch.int32), **keys), "dkv_ds"),
             ("gate_grad_of_band", F.gate_grad_of_band_kernel,
              dict(dgk_part=t(f32), dgc_q=t(f32), dg=t(f32), T=100, W=100, G0=2, HQ=32, H=4, G=8, SPLIT=1, CHUNK=2,
                   BT=cfg["BT"], BQ=cfg["BS"], BR=1024, BP=8, NUM_BANDS=8), "dkv_ds"),

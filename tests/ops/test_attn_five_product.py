@@ -662,7 +662,8 @@ def test_key_side_sums_exactly_the_programs_that_stored_each_key(T, W, BQ):
     keys = 256
     with interpreter_index_fix():  # a direct launch: the launcher's fixes are not around it
         from_ds.key_side_kernel[(math.ceil(T / keys), bands)](
-            part, dgc_k, T, W, 0, H=H, G=G, SPLIT=1, CHUNK=CHUNK, BT=BT, BQ=BQ, BR=keys, BP=16, NUM_BANDS=bands)
+            part, dgc_k, cu_seqlens=None, chunk_indices=None, ks_offsets=None, T=T, W=W, G0=0, NTOK=None, H=H, G=G,
+            SPLIT=1, CHUNK=CHUNK, BT=BT, BQ=BQ, BR=keys, BP=16, NUM_BANDS=bands)
     # band (b, c) -> head c of batch element b (`_band_heads` with H = SPLIT = 1, G0 = 0)
     got = dgc_k.view(G, B, T).permute(1, 0, 2).reshape(bands, T).double().cpu()
     torch.testing.assert_close(got, -ref, rtol=1e-6, atol=1e-5)
