@@ -38,7 +38,15 @@ import triton
 import triton.language as tl
 
 from fla_bwd.ops.attn.config import tile_config
-from fla_bwd.ops.attn.inner import LOG2E, ds_tile_index, finite_rows, load_rows, o_lo_decode
+from fla_bwd.ops.attn.inner import (
+    LOG2E,
+    band_of,
+    ds_tile_index,
+    finite_rows,
+    load_rows,
+    o_lo_decode,
+    sequence_bounds,
+)
 from fla_bwd.utils import cdiv
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -251,12 +259,8 @@ def parallel_attn_bwd_kernel_dq_from_ds(
     i_p = tl.num_programs(0) // NUM_BANDS - 1 - tl.program_id(0) // NUM_BANDS  # longest rows first
     i_b, i_h, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
     if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_p * 2).to(tl.int64)
-        i_p = tl.load(chunk_indices + i_p * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        tile0 = tl.load(ds_offsets + i_n)
-        NTILE = (tl.load(ds_offsets + i_n + 1) - tile0).to(tl.int32)
+        i_n, i_p, bos, T = sequence_bounds(0, i_p, T, cu_seqlens, chunk_indices, IS_VARLEN=True)
+        tile0, NTILE = band_of(ds_offsets, i_n)
         ds_base = ds + (tile0 * NUM_BANDS + i_band * NTILE) * (BT * BQ)
         p_ks = dgk_part
         if USE_G:
@@ -379,12 +383,8 @@ def parallel_attn_bwd_kernel_dk_from_ds(
     i_j = tl.program_id(0) // NUM_PARTS  # the first key tiles see the most query blocks: they start first
     i_b, i_share = i_part // (H * SPLIT), i_part % (H * SPLIT)
     if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_j * 2).to(tl.int64)
-        i_j = tl.load(chunk_indices + i_j * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        tile0 = tl.load(ds_offsets + i_n)
-        NTILE = (tl.load(ds_offsets + i_n + 1) - tile0).to(tl.int32)
+        i_n, i_j, bos, T = sequence_bounds(0, i_j, T, cu_seqlens, chunk_indices, IS_VARLEN=True)
+        tile0, NTILE = band_of(ds_offsets, i_n)
         tile0 *= NUM_PARTS * CHUNK
     else:
         bos = i_b.to(tl.int64) * T
@@ -460,10 +460,7 @@ def key_side_kernel(dgk_part, dgc_k, cu_seqlens, chunk_indices, ks_offsets, T, W
     i_r, i_band = tl.program_id(0), tl.program_id(1)
     i_b, _, i_hq = _band_heads(i_band, G0, H=H, G=G, SPLIT=SPLIT, CHUNK=CHUNK)
     if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_r * 2).to(tl.int64)
-        i_r = tl.load(chunk_indices + i_r * 2 + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        i_n, i_r, bos, T = sequence_bounds(0, i_r, T, cu_seqlens, chunk_indices, IS_VARLEN=True)
         dgk_part += tl.load(ks_offsets + i_n) * NUM_BANDS
     else:
         NTOK = NUM_BANDS // (H * SPLIT * CHUNK) * T  # B * T

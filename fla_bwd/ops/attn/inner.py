@@ -271,6 +271,13 @@ def ds_tile_index(qi, kj, W, BQ: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def band_of(ds_offsets, i_n):
+    """(first tile, tiles a band) of packed sequence i_n's dS bands (`host.band_offsets`: by sequence, then band)."""
+    tile0 = tl.load(ds_offsets + i_n)
+    return tile0, (tl.load(ds_offsets + i_n + 1) - tile0).to(tl.int32)
+
+
+@triton.jit
 def load_rows(base, o_r, T, stride, N: tl.constexpr, BN: tl.constexpr, FULL: tl.constexpr, TRANS: tl.constexpr = False):
     """Rows o_r (those < T exist) of a row-major matrix with N columns and row stride `stride` at `base`, as a
     [len(o_r), BN] block, or with TRANS its [BN, len(o_r)] transpose; zero where a row or column does not exist.

@@ -21,6 +21,7 @@ from fla_bwd.ops.attn.inner import (
     INLINE,
     LOG2E,
     any_nonfinite,
+    band_of,
     dkv_one_head,
     dq_tile,
     fwd_tile,
@@ -574,8 +575,7 @@ def parallel_attn_bwd_kernel_dkv_ds_per_kv_head(
     i_hq0 = i_part * (G // SPLIT)
     i_hq0 += G0
     if IS_VARLEN:  # the band of this launch's first head among its sequence's (KV head and share, head in chunk)
-        ds_base = tl.load(ds_offsets + i_n)
-        NTILE = (tl.load(ds_offsets + i_n + 1) - ds_base).to(tl.int32)
+        ds_base, NTILE = band_of(ds_offsets, i_n)
         ds_base *= H * SPLIT * CHUNK
         ds_slot0 = i_part * CHUNK + G0 % CHUNK
     else:  # (batch, KV head and share, head in chunk)
