@@ -185,3 +185,20 @@ def test_a_short_sequence_with_a_sink_takes_o_lo(cu, exact):
     with dq_path("from-ds"):
         route = select_backward(x.q, x.k, x.v, None, None, x.cu_seqlens, x.sink_bias)
     assert route.five is not None and route.delta == ("o+o_lo" if exact else "o"), route.explain()
+
+
+def test_plan_key_of_calls_five_products_cannot_run(monkeypatch):
+    """fp32 and packed tail calls have no dS bands to size (and no "dkv_ds" tiles on a GPU): their backward's plan
+    key holds none, and it is not asked for their tile config."""
+    from fla_bwd.ops.attn import config
+
+    def no_config(kernel, *args):
+        assert kernel != "dkv_ds", "asked for the dS tiles of a call five products cannot run"
+        return original(kernel, *args)
+
+    original = config.tile_config
+    monkeypatch.setattr(host, "tile_config", no_config)
+    case = Case(B=1, T=60, HQ=2, H=1, K=32, dtype=torch.float32, cu_seqlens=(0, 20, 60))
+    call = host.call_of(*(getattr(make_inputs(case), n) for n in ("q", "k", "v", "g", "sink_bias", "cu_seqlens")),
+                        case.K ** -0.5, 0)
+    assert host._bands_key(call) is None

@@ -113,10 +113,10 @@ def key_offsets(tiles: VarlenTiles, BQ: int, on_device: bool = True) -> tuple:
 def _bands_key(call: Call) -> Optional[tuple]:
     """What a packed backward's plan depends on beyond the call's key (tile counts): the sizes of its dS bands and
     its gate's key sums and the key side's blocks, which a five-product route allocates and launches
-    (`add_five_product`); None for a dense call."""
-    if call.tiles is None:
-        return None
+    (`add_five_product`); None for a dense call and for calls five products cannot run (fp32: no "dkv_ds" tiles)."""
     s = call.shape
+    if call.tiles is None or s.QP or not dispatch.eligible(s):
+        return None
     cfg = tile_config("dkv_ds", max(s.K, s.V), s.dtype)
     return (band_offsets(call.tiles, s.W, cfg["BS"], cfg["BT"], on_device=False)[0],
             key_offsets(call.tiles, cfg["BS"], on_device=False)[0], call.tiles.num_tiles(max(cfg["BT"], 256)))
