@@ -232,9 +232,10 @@ def needs_exact_o(s, lengths: Optional[tuple] = None) -> bool:
     is made exact from the dK/dV kernels' fp32 dS sums (`from_ds.sink_grad_kernel`), and o_lo would cost the
     forward a second P V product (g8-T8192-sink forward 1174 -> 1481 us, H200). `lengths`: a packed call's sequence
     lengths, whose shortest bounds its rows' keys."""
+    if s.g_dtype is not None or s.sink_dtype is None:  # decided without the lengths (read per forward)
+        return s.g_dtype is not None
     keys = s.T if lengths is None else min((n for n in lengths if n), default=s.T)
-    short = min(keys, s.W) < config.SINK_EXACT_O_BELOW_KEYS
-    return s.g_dtype is not None or (s.sink_dtype is not None and short)
+    return min(keys, s.W) < config.SINK_EXACT_O_BELOW_KEYS
 
 
 @functools.lru_cache(maxsize=256)  # asked at every plan build: 2.9 -> 0.1 us on the CPU machine
