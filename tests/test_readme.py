@@ -110,5 +110,5 @@ def test_the_two_commands_ci_reads(readme):
     section = _section(readme, "Two commands on a fresh machine")
     assert [ln[4:] for ln in section.splitlines() if ln.startswith("    pip install -e ")] == [
         "pip install -e . && python scripts/main_job.py",
-        "pip install -e '.[test]' && python -m pytest tests -q",
+        "pip install -e '.[test]' && python -m pytest tests -q -n 2 --dist loadfile",
     ]

@@ -15,10 +15,12 @@ BENCH = os.path.join("benchmarks", "ops", "bench_pytest.py")
 
 
 def run_bench(*args, timeout=120, **env):
-    env = dict(os.environ, **env)
+    # Not as an xdist worker (the suite runs under `-n 2`): pytest-benchmark, seeing one, disables itself.
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}, **env)
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
-    return subprocess.run([sys.executable, "-m", "pytest", BENCH, "-q", "-p", "no:cacheprovider", *args],
+    return subprocess.run([sys.executable, "-m", "pytest", BENCH, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
