@@ -75,10 +75,11 @@ def compile_sm90(kernel, args: dict, num_warps: int, num_stages: int):
 
 
 def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: int = 2, chunk: int = 2,
-                        gated: bool = False, sink: bool = False, softcap: bool = False, **knobs):
+                        gated: bool = False, sink: bool = False, softcap: bool = False, packed: bool = False, **knobs):
     """The Gluon dK/dV kernel (`gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper`) for sm_90 at H = 4, G = 8, with
     the pointer types its launches pass (ACC_IN, ACC_OUT: fp32 sums read, written; `gated`: the gate's inputs;
-    `sink`: the sink and its partial sums; `softcap`: its cap_in) and its constexpr `knobs`."""
+    `sink`: the sink and its partial sums; `softcap`: its cap_in; `packed`: the offsets and tile tables, lse and
+    delta by pointer instead of by TMA) and its constexpr `knobs`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import fla_bwd.ops.attn.gluon_dkv as GD
@@ -97,6 +98,15 @@ def compile_hopper_sm90(dtype: torch.dtype, acc_in: bool, acc_out: bool, split: 
         sig.update(gc_desc=sig["lse_desc"], gc="*fp32")
     else:
         values.update(gc_desc=None, gc=None)
+    if packed:
+        sig.update(cu_seqlens="*i32", chunks="*i32", ds_offsets="*i64", k64_offsets="*i64", NT64="i32", lse="*fp32",
+                   delta="*fp32")
+        values.update(lse_desc=None, delta_desc=None, gc_desc=None)
+        del sig["lse_desc"], sig["delta_desc"]
+        sig.pop("gc_desc", None)
+    else:
+        values.update(cu_seqlens=None, chunks=None, ds_offsets=None, k64_offsets=None, NT64=None, lse=None,
+                      delta=None)
     if sink:
         sig.update(sink_bias="*fp32", sink_part="*fp32")
     else:
@@ -483,7 +493,11 @@ def main():
             for gated, sink in ((False, False), (True, False), (False, True))] + [
             (f"ACC_IN={acc_in} ACC_OUT={acc_out} softcap=True" + (" sink=True" if sink else ""),
              functools.partial(compile_hopper_sm90, dtype, acc_in, acc_out, sink=sink, softcap=True))
-            for acc_in, acc_out in ((False, False), (True, True)) for sink in (False, True)], args)
+            for acc_in, acc_out in ((False, False), (True, True)) for sink in (False, True)] + [
+            (f"packed ACC_IN={acc_in} ACC_OUT={acc_out} gated={gated} sink={sink}",
+             functools.partial(compile_hopper_sm90, dtype, acc_in, acc_out, gated=gated, sink=sink, packed=True))
+            for acc_in, acc_out in ((False, False), (True, True)) for gated, sink in ((False, False), (True, True))],
+            args)
         return
     if args.hopper_fwd:
         _report_gluon("hopper fwd", [

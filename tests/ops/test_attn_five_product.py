@@ -482,7 +482,8 @@ def test_auto_dispatch_by_bandwidth(hopper, monkeypatch):
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_KERNEL", raising=False)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
-    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned: None if hopper else "not faked on")
+    monkeypatch.setattr(dispatch, "hopper_why_not",
+                        lambda s, device, aligned, dense=True: None if hopper else "not faked on")
     call = _shape(H=4, V=64) if not hopper else _shape(H=4)
     expected = dispatch.FiveProduct(2, 4, True) if hopper else dispatch.FiveProduct(4, 2)
     assert config.hbm_tbps(torch.device("cpu")) == config.REFERENCE_TBPS
@@ -547,7 +548,7 @@ def test_auto_dispatch_of_gated_calls(monkeypatch):
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
     monkeypatch.delenv("FLA_BWD_CONTAINMENT", raising=False)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
-    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned: None)
+    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned, dense=True: None)
     gated = _shape(g_dtype=f32)
     for allowed in (False, True):
         monkeypatch.setattr(config, "FIVE_PRODUCT_GATED", allowed)

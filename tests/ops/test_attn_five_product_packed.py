@@ -10,7 +10,7 @@ dq row shows up as NaN), at every split and chunk of heads, empty and one-token 
 128 (dK from the stored tiles); dK/dV
 bitwise the seven-product backward's (the same kernel body, the same additions); chunks bitwise one launch;
 deterministic; NaN/Inf containment in both modes; a plan per band size (two batches of the same tile counts whose
-bands differ); and what it does not run (the Hopper kernel, tail queries) raises.
+bands differ); and what it does not run (tail queries; the Hopper kernel where it cannot) raises.
 """
 
 import math
@@ -146,11 +146,13 @@ def test_nan_inf_stays_in_its_sequence(which, value, containment, gate, monkeypa
             assert not torch.isfinite(t[:, 40:110]).all(), name
 
 
-def test_the_hopper_kernel_raises():
+def test_the_hopper_kernel_raises_where_it_cannot_run():
+    """Packed calls run on the Hopper kernel where forced (tests/ops/test_attn_gluon_dkv.py); a forced "hopper" where
+    it cannot run (here head dim 32, and on a CPU no GPU) raises, naming the setting."""
     case = Case(B=1, T=90, HQ=2, H=1, K=32, dtype=bf16, cu_seqlens=(0, 30, 90))
     x = make_inputs(case)
     with dq_path("from-ds"), ds_kernel("hopper"):
-        with pytest.raises(ValueError, match="runs packed sequences.*Hopper kernel"):
+        with pytest.raises(ValueError, match="ds kernel 'hopper'"):
             run_parallel(case, x)
 
 

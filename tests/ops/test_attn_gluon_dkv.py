@@ -25,6 +25,7 @@ import fla_bwd.ops.attn.dispatch as dispatch
 import fla_bwd.ops.attn.from_ds as from_ds
 import fla_bwd.ops.attn.gluon_dkv as gluon_dkv
 from fla_bwd.ops.attn import config
+from fla_bwd.ops.utils.index import VarlenTiles
 from fla_bwd.settings import dkv_path, dq_path, ds_kernel
 
 bf16, f16 = torch.bfloat16, torch.float16
@@ -84,7 +85,8 @@ def _fake_hopper_scope(monkeypatch) -> None:
     can read), on any machine; Triton's five products allowed too (the H200's bandwidth)."""
     for name in ("FLA_BWD_DQ_PATH", "FLA_BWD_DS_BUDGET_MIB", "FLA_BWD_DS_KERNEL", "FLA_BWD_CONTAINMENT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned: None if aligned else "unaligned")
+    monkeypatch.setattr(dispatch, "hopper_why_not",
+                        lambda s, device, aligned, dense=True: None if aligned else "unaligned")
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
     monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)
 
@@ -175,7 +177,7 @@ def test_default_budget_keeps_g8_t16384_on_seven_products(kernel, monkeypatch):
     scratch would store them, so the default must stay below it."""
     monkeypatch.delenv("FLA_BWD_DQ_PATH", raising=False)
     monkeypatch.delenv("FLA_BWD_DS_BUDGET_MIB", raising=False)
-    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned: None)
+    monkeypatch.setattr(dispatch, "hopper_why_not", lambda s, device, aligned, dense=True: None)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
     monkeypatch.setattr(config, "hbm_tbps", lambda device: config.REFERENCE_TBPS)
     s = _shape(B=1, T=16384, W=16384, H=4)
@@ -257,6 +259,121 @@ def test_plan_step_describes_the_inputs():
         assert type(d) is type(first) and d.base is other[name], name
         assert {k: v for k, v in vars(d).items() if k != "base"} == {k: v for k, v in vars(first).items()
                                                                       if k != "base"}, name
+
+
+@pytest.mark.parametrize("lengths,H,split,programs", [((1, 0, 300, 128, 1000), 2, 1, 7), ((2048,) * 4, 8, 1, 132),
+                                                     ((2227, 869, 1233, 3863), 4, 2, 132), ((5,), 1, 4, 3)])
+def test_packed_schedule_covers_each_item_once(lengths, H, split, programs):
+    """A packed call's table (`gluon_dkv.packed_schedule`): its row length first, then a row a program; every item
+    (128-key tile of `chunk_indices(128)`, KV head, share) once, each of a tile that exists, with cdiv(n, 64) - 2m
+    query blocks; LPT's bound on the loads; made once per offsets value."""
+    offsets = tuple(int(x) for x in torch.tensor((0,) + lengths).cumsum(0))
+    tiles = VarlenTiles(offsets, torch.device("cpu"))
+    tab = gluon_dkv.packed_schedule(tiles, H, split, programs)
+    L = int(tab[0])
+    rows = tab[1:].view(programs, 1 + L)
+    items = [int(x) for p in range(programs) for x in rows[p, 1:1 + int(rows[p, 0])]]
+    blocks = dict(gluon_dkv.packed_items(lengths, H, split))
+    assert sorted(items) == sorted(blocks) and len(items) == len(set(items))
+    chunks = tiles.chunk_indices(gluon_dkv.BT).tolist()
+    assert len(blocks) == len(chunks) * H * split
+    for item in items:
+        i_n, m = chunks[item // (H * split)]
+        assert blocks[item] == math.ceil(lengths[i_n] / 64) - 2 * m >= 1
+    loads = [sum(blocks[int(x)] for x in rows[p, 1:1 + int(rows[p, 0])]) for p in range(programs)]
+    assert max(loads) <= sum(loads) / programs + max(blocks.values())
+    assert gluon_dkv.packed_schedule(tiles, H, split, programs) is tab
+    assert gluon_dkv.programs_for(1, offsets[-1], H, split, 132, tiles) == min(132, len(chunks) * H * split)
+
+
+def test_packed_runs_on_the_hopper_kernel_where_forced(monkeypatch):
+    """Packed calls (any lengths) take the Hopper kernel where FLA_BWD_DS_KERNEL=hopper with five products forced
+    (faked on here), at auto's split; the Triton kernel under "auto" (not yet measured); a forced "hopper" raises on
+    inputs TMA cannot read."""
+    _fake_hopper_scope(monkeypatch)
+    s = _shape(B=1, T=3000, W=3000, HQ=16, H=2)
+    lengths = (1, 0, 999, 2000)
+    with dq_path("from-ds"):
+        assert dispatch._five(s, False, True, True, dispatch.knobs(), lengths)[0].hopper is False
+        with ds_kernel("hopper"):
+            five = dispatch._five(s, False, True, True, dispatch.knobs(), lengths)[0]
+            assert five.hopper and (G := s.HQ // s.H) % five.split == 0 and five.chunk <= G // five.split
+            with pytest.raises(ValueError, match="unaligned"):
+                dispatch._five(s, False, False, True, dispatch.knobs(), lengths)
+    assert dispatch._five(s, False, True, True, dispatch.knobs(), lengths)[0] is None  # "auto": seven products
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_packed_plan_step_passes_every_kernel_parameter(gated):
+    """The packed step: every parameter passed; the schedule, tile list and 64-key offsets from the call's env
+    (`host._run`), lse, delta and the gate cumsum by pointer, TMA descriptors of q, dO, K, V and dS only."""
+    from fla_bwd.ops.utils.launch import Launch, Ref, jit_function
+
+    tiles = VarlenTiles((0, 1, 1, 300, 1000), torch.device("cpu"))
+    s = _shape(B=1, T=1000, W=1000, HQ=8, H=2, device=torch.device("cpu"))
+    args = {name: Ref(name) for name in ("q", "k", "v", "do", "lse", "delta", "ds", "dk", "dv", "ds_offsets")}
+    args.update(dk_in=None, dv_in=None, nonfinite=Ref("flags"), acc_out=False, gc=Ref("gc") if gated else None,
+                sink_bias=Ref("sink_bias"), sink_part=Ref("sink_part"))
+    step = gluon_dkv.HopperDkvLaunch(s, 2, 4, 0, 0, args, tiles)
+    assert isinstance(step.launch, Launch)
+    params = jit_function(gluon_dkv.parallel_attn_bwd_kernel_dkv_ds_hopper).arg_names
+    assert set(step.launch.args) == set(params) | {"num_warps"}
+    a = step.launch.args
+    assert (a["sched"], a["L"], a["cu_seqlens"], a["chunks"], a["k64_offsets"]) == (
+        Ref("hopper_sched"), 0, Ref("cu_seqlens"), Ref(f"chunks{gluon_dkv.BT}"), Ref("k64_offsets"))
+    assert (a["ds_offsets"], a["lse"], a["delta"], a["NT64"]) == (Ref("ds_offsets"), Ref("lse"), Ref("delta"),
+                                                                   tiles.num_tiles(64))
+    assert a["lse_desc"] is None and a["delta_desc"] is None and a["gc_desc"] is None
+    assert a["gc"] == (Ref("gc") if gated else None)
+    assert {name for _, name, *_ in step.views} == {"q", "do", "k", "v", "ds"}
+    assert step.programs == gluon_dkv.programs_for(1, 1000, 2, 2, config.sm_count(s.device), tiles)
+
+
+PACKED_GPU_CASES = [
+    Case(B=1, T=3000, HQ=16, H=2, K=128, dtype=bf16, cu_seqlens=(0, 1, 1, 1000, 2200, 3000)),  # empty, one token
+    Case(B=1, T=2500, HQ=8, H=8, K=128, dtype=f16, cu_seqlens=(0, 777, 2500)),  # MHA
+    Case(B=1, T=2100, HQ=16, H=2, K=128, dtype=bf16, cu_seqlens=(0, 9, 1000, 2100), sink=float("nan")),
+    Case(B=1, T=3000, HQ=16, H=2, K=128, dtype=bf16, cu_seqlens=(0, 1, 1, 1000, 2200, 3000), gate=True),
+    Case(B=1, T=1300, HQ=4, H=1, K=128, dtype=bf16, cu_seqlens=(0, 64, 65, 1300), gate=True, sink=1.0),
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("case,split", [pytest.param(c, s, id=f"{c.id}-split{s}") for c in PACKED_GPU_CASES
+                                        for s in (1, 2) if (c.HQ // c.H) % s == 0])
+def test_packed_matches_oracle(case, split, monkeypatch):
+    """Packed batches on the Hopper kernel: sequences of any length (masked key and query tiles, lse and delta by
+    cp.async), each sequence's own dS bands, flags and sink sums at packed 64-key tiles; and a second call
+    bitwise."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    spy = HopperSpy(monkeypatch)
+    x = make_inputs(case)
+    with dq_path("from-ds"), ds_kernel("hopper"), dkv_path(_SPLIT_PATHS[split]):
+        first = check_against_oracle(case, x)
+        again = run_parallel(case, x)
+    assert spy.hopper == [True, True] and spy.splits == [split, split], (spy.hopper, spy.splits)
+    for name, t in first.items():
+        assert torch.equal(t, again[name]), name
+
+
+@needs_hopper
+@pytest.mark.parametrize("which,value", [("q", math.nan), ("v", math.inf)], ids=["q_nan", "v_inf"])
+def test_packed_nan_stays_in_its_sequence(which, value, monkeypatch):
+    """A non-finite q or v element of the second sequence, on the Hopper kernel: the other sequences' outputs and
+    gradients are bitwise the clean run's (the next sequence's rows reach a tile only in masked pairs, and the
+    flag sends it to the exact FIXUP launch)."""
+    monkeypatch.setenv("FLA_BWD_CONTAINMENT", "two-launch")
+    case = Case(B=1, T=1500, HQ=8, H=2, K=128, dtype=bf16, cu_seqlens=(0, 300, 1100, 1500))
+    x = make_inputs(case)
+    with dq_path("from-ds"), ds_kernel("hopper"):
+        clean = run_parallel(case, x)
+        bad = getattr(x, which).detach().clone()
+        bad[0, 700, 0, :] = value  # sequence 1, position 400, head 0
+        setattr(x, which, bad.requires_grad_())
+        out = run_parallel(case, x)
+    for name, t in out.items():
+        rest = torch.cat([t[:, :300], t[:, 1100:]], 1)
+        assert torch.equal(rest, torch.cat([clean[name][:, :300], clean[name][:, 1100:]], 1)), name
 
 
 GPU_CASES = [Case(B=1, T=256, HQ=2, H=2, K=128, dtype=bf16), Case(B=2, T=384, HQ=8, H=2, K=128, dtype=f16),

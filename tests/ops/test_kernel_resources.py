@@ -156,14 +156,15 @@ def test_feature_kernels_fit_hopper_shared_memory():
 
 def test_hopper_dkv_kernel_fits_hopper_shared_memory():
     """The five-product backward's Gluon dK/dV kernel (`gluon_dkv.py`; scripts/compile_sm90.py --hopper: its three
-    launch forms, fp32 sums read and/or written, each plain, gated and with a sink; and two of them with softcap, with
-    and without a sink) compiles for sm_90 with the Triton installed here and fits."""
+    launch forms, fp32 sums read and/or written, each plain, gated and with a sink; two of them with softcap, with
+    and without a sink; and two packed, plain and gated with a sink) compiles for sm_90 with the Triton installed here
+    and fits."""
     import fla_bwd.ops.attn.gluon_dkv  # noqa: F401 - for scripts/find_dependent_tests.py
 
     rc, lines = compile_sm90_recorded("hopper", ["--hopper"])
     out = "\n".join(lines)
     assert rc == 0, out[-4000:]
-    assert out.count("smem") == 3 * 3 + 2 * 2, out
+    assert out.count("smem") == 3 * 3 + 2 * 2 + 2 * 2, out
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

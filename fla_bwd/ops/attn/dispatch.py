@@ -248,9 +248,10 @@ def hopper_split(B: int, T: int, H: int, G: int, sms: int) -> int:
     return next((s for s in splits if loads[s] <= gluon_dkv.MAX_IMBALANCE), min(splits, key=loads.get))
 
 
-def hopper_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
-    """None if the Hopper kernel (`gluon_dkv`) can run a five-product backward of Shape s whose q, k, v and dO start
-    16-byte aligned or not (`aligned`; the caller has checked `eligible` and density), else why not."""
+def hopper_why_not(s, device: torch.device, aligned: bool, dense: bool = True) -> Optional[str]:
+    """None if the Hopper kernel (`gluon_dkv`) can run a five-product backward of Shape s, dense or packed (`dense`),
+    whose q, k, v and dO start 16-byte aligned or not (`aligned`; the caller has checked `eligible`), else why
+    not."""
     D, BT = gluon_dkv.D, gluon_dkv.BT
     if is_interpreter() or device.type != "cuda":
         return "it runs on CUDA GPUs only (no CPU interpreter for Gluon)"
@@ -260,7 +261,7 @@ def hopper_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
         return f"it needs head dims K = V = {D}"
     if s.W < s.T:
         return "it runs full causal attention only (no window)"
-    if s.T % BT:
+    if dense and s.T % BT:  # packed sequences of any length: their last tiles are masked
         return f"it needs T to be a multiple of {BT}"
     if s.HQ * s.B * s.T >= 2**31:
         return "HQ * B * T must stay under 2**31 (TMA coordinates of lse and delta)"
@@ -269,22 +270,22 @@ def hopper_why_not(s, device: torch.device, aligned: bool) -> Optional[str]:
     return None
 
 
-def _hopper(s, aligned: bool, k: Knobs) -> bool:
-    """Whether this five-product backward (an `eligible`, dense call) runs the Hopper dK/dV kernel. FLA_BWD_DS_KERNEL
-    "auto": where it can (`hopper_why_not`, and two-launch containment: it is the FLAG launch) from
+def _hopper(s, aligned: bool, k: Knobs, dense: bool = True) -> bool:
+    """Whether this five-product backward (an `eligible` call, dense or packed) runs the Hopper dK/dV kernel.
+    FLA_BWD_DS_KERNEL "auto": where it can (`hopper_why_not`, and two-launch containment: it is the FLAG launch) from
     `config.HOPPER_DKV_MIN_T` on (ungated: from `config.FIVE_PRODUCT_MIN_T_HOPPER`), softcap where
-    `config.HOPPER_SOFTCAP`; "hopper": wherever it can,
+    `config.HOPPER_SOFTCAP`, dense calls only (packed ones have not run on a GPU yet); "hopper": wherever it can,
     and ValueError where it cannot; "triton": never."""
     if k.ds_kernel == "triton":
         return False
-    why = hopper_why_not(s, s.device, aligned)
+    why = hopper_why_not(s, s.device, aligned, dense)
     if why is None and contain_inline(s, k.containment):
         why = "it is the first of two containment launches, and this call contains NaN/Inf inline"
     if k.ds_kernel == "hopper" and why is not None:
         raise ValueError(f"ds kernel 'hopper' (FLA_BWD_DS_KERNEL) cannot run this backward: {why}")
     long_enough = s.T >= (config.HOPPER_DKV_MIN_T if s.g_dtype is not None else config.FIVE_PRODUCT_MIN_T_HOPPER)
     measured = config.HOPPER_SOFTCAP or not s.softcap
-    return why is None and (k.ds_kernel == "hopper" or (long_enough and measured))
+    return why is None and (k.ds_kernel == "hopper" or (dense and long_enough and measured))
 
 
 @functools.lru_cache(maxsize=256)
@@ -369,7 +370,7 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optio
     16-byte aligned, which the Hopper kernel's TMA needs; `exact_o`: the forward made o_lo, which a gated call
     needs; `lengths`: a packed call's sequence lengths. Forced (FLA_BWD_DQ_PATH=from-ds) where it cannot run:
     ValueError, never a silent fallback. Packed calls run only forced (not measured on a GPU yet), on the Triton
-    kernel."""
+    kernel, or on the Hopper one where FLA_BWD_DS_KERNEL=hopper too (its split: auto's first busy one)."""
     if k.dq_path == "recompute":
         return None, "forced (FLA_BWD_DQ_PATH=recompute)"
     G, D = s.HQ // s.H, max(s.K, s.V)
@@ -406,21 +407,17 @@ def _five(s, dense: bool, aligned: bool, exact_o: bool, k: Knobs, lengths: Optio
     if not eligible(s):
         raise ValueError("dq path 'from-ds' (the five-product backward) needs 16-bit q, k, v and every query (q as "
                          "long as k)")
-    if not dense:
-        why = ("tail queries (q shorter than k)" if s.QP else
-               "the Hopper kernel (FLA_BWD_DS_KERNEL=hopper), which runs dense calls" if k.ds_kernel == "hopper"
-               else None)
-        if why is not None:
-            raise ValueError(f"dq path 'from-ds' (the five-product backward) runs packed sequences (cu_seqlens) of "
-                             f"every query on the Triton kernel; this call has {why}")
+    if not dense and s.QP:
+        raise ValueError("dq path 'from-ds' (the five-product backward) runs packed sequences (cu_seqlens) of every "
+                         "query; this call has tail queries (q shorter than k)")
     if capped_gate:
         raise ValueError("dq path 'from-ds' (the five-product backward) does not run softcap with a gate g: the "
                          "gate's gradient needs dS of the capped scores, and the stored tiles hold dS of q.k")
     if s.WR is not None:
         raise ValueError("dq path 'from-ds' (the five-product backward) runs causal attention only (it stores the "
                          "causal band of dS tiles): pass causal=True, or use FLA_BWD_DQ_PATH=recompute")
-    hopper = dense and _hopper(s, aligned, k)
-    if hopper and k.dkv_path == "auto":
+    hopper = _hopper(s, aligned, k, dense)
+    if hopper and dense and k.dkv_path == "auto":
         split = hopper_split(s.B, s.T, s.H, G, config.sm_count(s.device))
     chunk = ds_chunk(s.B, s.T, s.H, G, s.W, D, k.ds_budget, split, s.g_dtype is not None, None if dense else lengths)
     if chunk is None:

@@ -37,7 +37,8 @@ from fla_bwd.ops.attn.from_ds import (
     parallel_attn_bwd_kernel_dq_from_ds,
     sink_grad_kernel,
 )
-from fla_bwd.ops.attn.gluon_dkv import HopperDkvLaunch
+from fla_bwd.ops.attn.gluon_dkv import BT as HOPPER_DKV_BT
+from fla_bwd.ops.attn.gluon_dkv import HopperDkvLaunch, packed_schedule
 from fla_bwd.ops.attn.gluon_fwd import HopperFwdLaunch
 from fla_bwd.ops.attn.inner import DS_BY_DESCRIPTOR, FIXUP, FLAG, INLINE
 from fla_bwd.ops.attn.kernels import (
@@ -86,6 +87,9 @@ def _run(plan: Plan, env: dict, tiles: Optional[VarlenTiles]) -> dict:
             env["ds_offsets"] = band_offsets(tiles, *plan.ds_bands)[1]
         if plan.ks_bands is not None:  # and its gate's partial key sums
             env["ks_offsets"] = key_offsets(tiles, plan.ks_bands)[1]
+        if plan.hopper_sched is not None:  # the Hopper dK/dV kernel's items and 64-key tiles
+            env["hopper_sched"] = packed_schedule(tiles, *plan.hopper_sched)
+            env["k64_offsets"] = tiles.band_offsets(("keys64",), lambda n: cdiv(n, 64))[1]
     with _on_device(plan.device):
         return plan.run(env)
 
@@ -145,6 +149,7 @@ def new_plan(s, inline: bool) -> Plan:
     plan.flags = 0  # programs of the largest two-launch pair (`add_contained`)
     plan.ds_bands = None  # packed five products: (W, BQ, BT) of their dS bands, whose offsets `_run` binds
     plan.ks_bands = None  # and, gated, BQ of their key sums' (`key_offsets`)
+    plan.hopper_sched = None  # and on the Hopper kernel: (H, split, programs) of its schedule (`packed_schedule`)
     plan.inline = inline
     return plan
 
@@ -304,9 +309,9 @@ def _add_dkv_ds(plan: Plan, s, tiles: Optional[VarlenTiles], out: Optional[tuple
                 **five) -> None:
     """One chunk's dK/dV + dS launch: `parallel_attn_bwd_kernel_dkv_ds_per_kv_head`, `split` programs a key tile
     (packed: of `tiles`' list); `out` its fp32 buffers `[B, T, H * split, *]`, or None for the last launch of an
-    unsplit call ("dk", "dv" in the inputs' dtype). `hopper`: the Gluon kernel (`gluon_dkv`; dense) computes the
-    chunk as the FLAG launch of two-launch containment, and the Triton kernel's FIXUP launch recomputes the tiles it
-    flagged."""
+    unsplit call ("dk", "dv" in the inputs' dtype). `hopper`: the Gluon kernel (`gluon_dkv`, dense or packed)
+    computes the chunk as the FLAG launch of two-launch containment, and the Triton kernel's FIXUP launch recomputes
+    the tiles it flagged."""
     if five["DK_FROM_DS"]:  # dV alone: dK is `_add_dk_from_ds`'s
         dk, dv = None, out[1] if out is not None else plan.empty("dv", (s.B, s.T, s.H, s.V), s.dtype)
     else:
@@ -326,10 +331,14 @@ def _add_dkv_ds(plan: Plan, s, tiles: Optional[VarlenTiles], out: Optional[tuple
         add_contained(plan, parallel_attn_bwd_kernel_dkv_ds_per_kv_head, programs, args)
         return
     plan.flags = max(plan.flags, programs)
-    plan.add(HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
+    step = HopperDkvLaunch(s, split, five["CHUNK"], five["G0"], five["NTILE"], dict(
         q=Ref("q"), k=Ref("k"), v=Ref("v"), do=Ref("do"), lse=Ref("lse"), delta=Ref("delta"), ds=five["ds"], dk=dk,
         dv=dv, dk_in=five["dk_in"], dv_in=five["dv_in"], nonfinite=Ref("flags"), acc_out=five["ACC_OUT"],
-        gc=args["g_cumsum"], sink_bias=sink, sink_part=five["sink_part"])))
+        gc=args["g_cumsum"], sink_bias=sink, sink_part=five["sink_part"], ds_offsets=five["ds_offsets"]), tiles)
+    if tiles is not None:  # its items per call (`_run`), of the 128-key tiles
+        plan.hopper_sched = (s.H, split, step.programs)
+        plan.tile_sizes.add(HOPPER_DKV_BT)
+    plan.add(step)
     plan.launch(parallel_attn_bwd_kernel_dkv_ds_per_kv_head, (programs,), nonfinite=Ref("flags"),
                 CONTAIN=FIXUP.value, **args)
 

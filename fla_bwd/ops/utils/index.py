@@ -50,6 +50,13 @@ class VarlenTiles:
         return self._chunks[BT]
 
 
+    def memo(self, key: tuple, make: Callable[[], object]):
+        """`make()`, made once for these offsets and cached by `key` (which must name everything `make` depends on
+        besides the offsets): e.g. the Hopper dK/dV kernel's schedule (`gluon_dkv.packed_schedule`)."""
+        if key not in self._bands:
+            self._bands[key] = make()
+        return self._bands[key]
+
     def band_offsets(self, key: tuple, tiles_of: Callable[[int], int], on_device: bool = True):
         """(total, `[N + 1]` int64 on the device, or None unless `on_device`): the prefix sums over the sequences of
         `tiles_of(length)`, the tiles a sequence's band holds (the five-product backward's dS bands,
