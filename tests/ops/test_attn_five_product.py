@@ -573,14 +573,14 @@ def test_calls_it_cannot_run_raise(what, monkeypatch):
     """Each reason is named, also for a gated call, whose forward cannot make o_lo for a backward it cannot run."""
     case = {
         "budget_gated": Case(T=40, HQ=2, H=1, K=32, gate=True),
-        "packed": Case(T=40, HQ=2, H=1, K=32, cu_seqlens=(0, 10, 40)),  # the Hopper kernel forced (below)
+        "packed": Case(T=40, HQ=2, H=1, K=32, cu_seqlens=(0, 10, 40)),  # the Hopper kernel forced (below) at K = 32
         "fp32": Case(T=40, HQ=2, H=1, K=32, dtype=f32),
     }.get(what, Case(T=40, HQ=2, H=1, K=32))
     x = make_inputs(case)
     if what.startswith("budget"):
         monkeypatch.setenv("FLA_BWD_DS_BUDGET_MIB", "0")
     message = {"dkv_path": "dK/dV path", "budget": "FLA_BWD_DS_BUDGET_MIB", "budget_gated": "FLA_BWD_DS_BUDGET_MIB",
-               "split": "multiple of 4", "packed": "runs packed sequences.*Hopper kernel"}.get(what, "needs 16-bit")
+               "split": "multiple of 4", "packed": "ds kernel 'hopper'"}.get(what, "needs 16-bit")
     forced = {"dkv_path": "per-query-head", "split": "gqa-split4"}.get(what, "auto")  # split: G = 2
     with dq_path("from-ds"), dkv_path(forced), ds_kernel("hopper" if what == "packed" else "auto"):
         with pytest.raises(ValueError, match=message):
